@@ -1,0 +1,98 @@
+"""What the scheduler core reads (ClusterSnapshot, PendingJob) and returns (Plan).
+
+The server builds a snapshot from the state machine (commitments) and the
+agents' telemetry (measurements); `mtgpu.sched.schedule(snapshot, queue, now)`
+turns it into a Plan; the server checks the plan against fresh state and
+commits it as state-machine commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .job import GpuMode, JobSpec, NodeAllocation
+
+
+@dataclass(slots=True)
+class GpuView:
+    """One GPU of a node as the scheduler sees it.
+
+    Measured fields come from telemetry; committed fields from the allocations
+    of jobs the state machine has placed there."""
+
+    index: int
+    vendor: str
+    model: str  # normalized (model.gpu.normalize_model)
+    vram_total_bytes: int
+    vram_used_measured_bytes: int = 0
+    utilization_pct: float = 0.0
+    committed_fraction: float = 0.0  # sum of shares given out (exclusive = 1.0)
+    committed_vram_bytes: int = 0  # VRAM guaranteed to shared jobs here
+    exclusive: bool = False  # held whole by an exclusive job
+    shared_jobs: int = 0
+    oversubscribed_jobs: int = 0
+
+
+@dataclass(slots=True)
+class NodeView:
+    name: str
+    gpus: list[GpuView] = field(default_factory=list)
+    cpus_total: float = 0.0
+    mem_total_bytes: int = 0
+    cpus_committed: float = 0.0
+    mem_committed_bytes: int = 0
+    mem_available_measured_bytes: int | None = None  # None: no measurement yet
+    schedulable: bool = True  # False when drained or down
+    unschedulable_reason: str = ""
+
+
+@dataclass(slots=True)
+class ClusterSnapshot:
+    nodes: list[NodeView] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TenantUsage:
+    """Recent usage of one tenant (decayed GPU-seconds), for fair share."""
+
+    tenant: str
+    gpu_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class PendingJob:
+    """A queued job, as the queue hands it to the scheduler."""
+
+    job_id: int
+    tenant: str
+    spec: JobSpec
+    submitted_at: float
+    array_parent: int | None = None
+    running_in_array: int = 0  # siblings of the same array running now (for %K)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    job_id: int
+    allocations: tuple[NodeAllocation, ...]  # one per rank; rank = position
+
+
+@dataclass(slots=True)
+class Plan:
+    placements: list[Placement] = field(default_factory=list)
+    # job id -> why it waits ("node a: not enough free VRAM on any rtx4090 (12G < 20G); ...")
+    pending: dict[int, str] = field(default_factory=dict)
+    # job id -> why it can never run on this cluster
+    rejected: dict[int, str] = field(default_factory=dict)
+
+
+__all__ = [
+    "ClusterSnapshot",
+    "GpuMode",
+    "GpuView",
+    "NodeView",
+    "PendingJob",
+    "Placement",
+    "Plan",
+    "TenantUsage",
+]

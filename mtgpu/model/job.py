@@ -1,0 +1,204 @@
+"""Jobs: what a tenant asks for (JobSpec) and what became of it (Job)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class GpuMode(str, Enum):
+    EXCLUSIVE = "exclusive"
+    SHARED = "shared"
+    OVERSUBSCRIBE = "oversubscribe"
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def final(self) -> bool:
+        return self not in (JobState.QUEUED, JobState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAlternative:
+    """One `|`-separated alternative of `gpus=`: how many GPUs of which kind.
+
+    `count` is a whole number of GPUs, or a fraction in (0, 1) of one GPU.
+    `vendor` and `model` are None for "any"; `model` is normalized (model.gpu.normalize_model)."""
+
+    count: float
+    vendor: str | None = None
+    model: str | None = None
+
+    @property
+    def fractional(self) -> bool:
+        return self.count < 1
+
+    def label(self) -> str:
+        kind = self.model or self.vendor
+        n = f"{self.count:g}"
+        return f"{kind}:{n}" if kind else n
+
+
+@dataclass(frozen=True, slots=True)
+class ArraySpec:
+    indices: tuple[int, ...]
+    max_running: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A parsed job request. Sizes in bytes, times in seconds; None means "not asked"."""
+
+    script: str = ""
+    name: str = ""
+    gpus: tuple[GpuAlternative, ...] = ()
+    vram_bytes: int | None = None
+    cpus: float | None = None
+    mem_bytes: int | None = None
+    gpu_mode: GpuMode = GpuMode.EXCLUSIVE
+    server: str | None = None
+    container: str | None = None
+    nodes: int = 1
+    array: ArraySpec | None = None
+    priority: int = 0
+    time_limit_s: float | None = None
+    workdir: str | None = None
+    requeue: bool = True
+
+    @property
+    def wants_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["gpu_mode"] = self.gpu_mode.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobSpec":
+        d = dict(d)
+        d["gpus"] = tuple(GpuAlternative(**g) for g in d.get("gpus", ()))
+        d["gpu_mode"] = GpuMode(d.get("gpu_mode", "exclusive"))
+        arr = d.get("array")
+        d["array"] = ArraySpec(tuple(arr["indices"]), arr.get("max_running")) if arr else None
+        return cls(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlot:
+    """A GPU given to a job: its index on the node, the share of it (1.0 = whole),
+    and the VRAM reserved on it for the job (0 when nothing is guaranteed)."""
+
+    index: int
+    fraction: float = 1.0
+    vram_bytes: int = 0
+    mode: GpuMode = GpuMode.EXCLUSIVE
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAllocation:
+    """What one node gives one job (one rank of a gang)."""
+
+    node: str
+    gpus: tuple[GpuSlot, ...] = ()
+    cpus: float = 0.0
+    mem_bytes: int = 0
+    vendor: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "node": self.node,
+            "gpus": [
+                {"index": g.index, "fraction": g.fraction, "vram_bytes": g.vram_bytes, "mode": g.mode.value}
+                for g in self.gpus
+            ],
+            "cpus": self.cpus,
+            "mem_bytes": self.mem_bytes,
+            "vendor": self.vendor,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NodeAllocation":
+        return cls(
+            node=d["node"],
+            gpus=tuple(
+                GpuSlot(g["index"], g.get("fraction", 1.0), g.get("vram_bytes", 0), GpuMode(g.get("mode", "exclusive")))
+                for g in d.get("gpus", ())
+            ),
+            cpus=d.get("cpus", 0.0),
+            mem_bytes=d.get("mem_bytes", 0),
+            vendor=d.get("vendor"),
+        )
+
+
+@dataclass(slots=True)
+class Job:
+    """The durable record of one job, as the state machine keeps it."""
+
+    id: int
+    tenant: str
+    uid: int
+    gid: int
+    spec: JobSpec
+    state: JobState = JobState.QUEUED
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    allocations: tuple[NodeAllocation, ...] = ()
+    array_parent: int | None = None
+    array_index: int | None = None
+    attempt: int = 0
+    enforced: dict = field(default_factory=dict)
+    log_path: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "uid": self.uid,
+            "gid": self.gid,
+            "spec": self.spec.to_dict(),
+            "state": self.state.value,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "allocations": [a.to_dict() for a in self.allocations],
+            "array_parent": self.array_parent,
+            "array_index": self.array_index,
+            "attempt": self.attempt,
+            "enforced": dict(self.enforced),
+            "log_path": self.log_path,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Job":
+        return cls(
+            id=d["id"],
+            tenant=d["tenant"],
+            uid=d["uid"],
+            gid=d["gid"],
+            spec=JobSpec.from_dict(d["spec"]),
+            state=JobState(d["state"]),
+            submitted_at=d.get("submitted_at", 0.0),
+            started_at=d.get("started_at"),
+            ended_at=d.get("ended_at"),
+            exit_code=d.get("exit_code"),
+            reason=d.get("reason", ""),
+            allocations=tuple(NodeAllocation.from_dict(a) for a in d.get("allocations", ())),
+            array_parent=d.get("array_parent"),
+            array_index=d.get("array_index"),
+            attempt=d.get("attempt", 0),
+            enforced=dict(d.get("enforced", {})),
+            log_path=d.get("log_path", ""),
+        )
