@@ -1,0 +1,46 @@
+"""The durable commands: every change to tenants, nodes, jobs and allocations is one
+of these, applied to the one deterministic state machine (state.machine).
+
+Each command has an explicit, versioned name that is written to the journal (and,
+in cluster mode, to the Raft log). Names are never reused or renumbered: a change
+of a command's meaning gets a new version (`job.submit.v2`) and the machine keeps
+applying the old one for journals written before.
+
+A command is a plain dict: {"cmd": NAME, "args": {...}}. Time enters only through
+the `at` argument, stamped by whoever proposes the command.
+"""
+
+from __future__ import annotations
+
+TENANT_ENSURE = "tenant.ensure.v1"
+NODE_REGISTER = "node.register.v1"
+NODE_DRAIN = "node.drain.v1"
+NODE_RESUME = "node.resume.v1"
+JOB_SUBMIT = "job.submit.v1"
+JOB_START = "job.start.v1"
+JOB_ANNOTATE = "job.annotate.v1"
+JOB_FINISH = "job.finish.v1"
+JOB_CANCEL = "job.cancel.v1"
+JOB_REQUEUE = "job.requeue.v1"
+JOB_FORGET = "job.forget.v1"
+
+ALL_COMMANDS = (
+    TENANT_ENSURE,
+    NODE_REGISTER,
+    NODE_DRAIN,
+    NODE_RESUME,
+    JOB_SUBMIT,
+    JOB_START,
+    JOB_ANNOTATE,
+    JOB_FINISH,
+    JOB_CANCEL,
+    JOB_REQUEUE,
+    JOB_FORGET,
+)
+
+
+def command(cmd_name: str, /, **args) -> dict:
+    """Build a command; `name` must be one of the names above."""
+    if cmd_name not in ALL_COMMANDS:
+        raise ValueError(f"unknown state-machine command {cmd_name!r}")
+    return {"cmd": cmd_name, "args": args}

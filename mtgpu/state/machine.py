@@ -1,0 +1,378 @@
+"""The one deterministic state machine: tenants, nodes, jobs and allocations.
+
+Standalone mode applies commands through a journal (state.journal); cluster mode
+replicates the very same commands through Raft. `apply` never reads a clock,
+never touches a file and never raises for a bad command: it answers
+{"ok": False, "error": ...}, identically on every replica, and changes nothing.
+
+A placement (`job.start.v1`) is checked against the commitments it is applied to,
+so a stale or conflicting plan is refused instead of overbooking a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model.job import GpuMode, Job, JobSpec, JobState, NodeAllocation
+from . import commands as C
+
+_EPS = 1e-9
+
+
+class CommandRejected(Exception):
+    """Raised inside a handler; turned into {"ok": False, "error": str(e)}."""
+
+
+@dataclass(slots=True)
+class TenantRecord:
+    name: str
+    uid: int
+    gid: int
+    created_at: float
+    last_seen_at: float
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "uid": self.uid, "gid": self.gid,
+                "created_at": self.created_at, "last_seen_at": self.last_seen_at}
+
+
+@dataclass(slots=True)
+class GpuInventory:
+    index: int
+    vendor: str
+    model: str  # as the backend reports it
+    vram_total_bytes: int
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    name: str
+    gpus: list[GpuInventory]
+    cpus: float
+    mem_total_bytes: int
+    address: str = ""
+    drained: bool = False
+    drain_reason: str = ""
+    registered_at: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "gpus": [{"index": g.index, "vendor": g.vendor, "model": g.model,
+                      "vram_total_bytes": g.vram_total_bytes} for g in self.gpus],
+            "cpus": self.cpus,
+            "mem_total_bytes": self.mem_total_bytes,
+            "address": self.address,
+            "drained": self.drained,
+            "drain_reason": self.drain_reason,
+            "registered_at": self.registered_at,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NodeRecord":
+        return cls(
+            name=d["name"],
+            gpus=[GpuInventory(**g) for g in d.get("gpus", [])],
+            cpus=d.get("cpus", 0.0),
+            mem_total_bytes=d.get("mem_total_bytes", 0),
+            address=d.get("address", ""),
+            drained=d.get("drained", False),
+            drain_reason=d.get("drain_reason", ""),
+            registered_at=d.get("registered_at", 0.0),
+        )
+
+
+@dataclass(slots=True)
+class GpuCommitment:
+    fraction: float = 0.0
+    vram_bytes: int = 0
+    exclusive: int = 0
+    shared: int = 0
+    oversubscribed: int = 0
+
+
+@dataclass(slots=True)
+class NodeCommitment:
+    cpus: float = 0.0
+    mem_bytes: int = 0
+    gpus: dict[int, GpuCommitment] = field(default_factory=dict)
+
+
+class StateMachine:
+    """All durable state. Derived indexes (commitments, queue) are rebuilt from jobs."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, TenantRecord] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+        self.jobs: dict[int, Job] = {}
+        self.next_job_id = 1
+        self.applied = 0  # count of commands applied (the journal sequence)
+        self._queued: dict[int, None] = {}  # insertion-ordered set
+        self._running: dict[int, None] = {}
+        self._commitments: dict[str, NodeCommitment] = {}
+        self._handlers = {
+            C.TENANT_ENSURE: self._tenant_ensure,
+            C.NODE_REGISTER: self._node_register,
+            C.NODE_DRAIN: self._node_drain,
+            C.NODE_RESUME: self._node_resume,
+            C.JOB_SUBMIT: self._job_submit,
+            C.JOB_START: self._job_start,
+            C.JOB_ANNOTATE: self._job_annotate,
+            C.JOB_FINISH: self._job_finish,
+            C.JOB_CANCEL: self._job_cancel,
+            C.JOB_REQUEUE: self._job_requeue,
+            C.JOB_FORGET: self._job_forget,
+        }
+
+    # ---------------------------------------------------------------- apply
+    def apply(self, command: dict) -> dict:
+        """Apply one command; answer {"ok": True, ...} or {"ok": False, "error": ...}."""
+        self.applied += 1
+        name = command.get("cmd") if isinstance(command, dict) else None
+        handler = self._handlers.get(name)
+        if handler is None:
+            return {"ok": False, "error": f"unknown command {name!r}"}
+        try:
+            result = handler(**command.get("args", {}))
+        except CommandRejected as e:
+            return {"ok": False, "error": str(e)}
+        except (TypeError, KeyError, ValueError) as e:
+            return {"ok": False, "error": f"malformed {name}: {e}"}
+        return {"ok": True, **(result or {})}
+
+    # ---------------------------------------------------------------- queries
+    def queued_jobs(self) -> list[Job]:
+        return [self.jobs[i] for i in self._queued]
+
+    def running_jobs(self) -> list[Job]:
+        return [self.jobs[i] for i in self._running]
+
+    def commitment(self, node: str) -> NodeCommitment:
+        return self._commitments.get(node) or NodeCommitment()
+
+    def array_tasks(self, parent: int) -> list[Job]:
+        return [j for j in self.jobs.values() if j.array_parent == parent]
+
+    # ---------------------------------------------------------------- tenants and nodes
+    def _tenant_ensure(self, name: str, uid: int, gid: int, at: float) -> dict:
+        t = self.tenants.get(name)
+        if t is None:
+            if any(o.uid == uid for o in self.tenants.values()):
+                raise CommandRejected(f"uid {uid} already belongs to another tenant")
+            self.tenants[name] = TenantRecord(name, uid, gid, at, at)
+            return {"created": True}
+        if t.uid != uid:
+            raise CommandRejected(f"tenant {name!r} has uid {t.uid}, not {uid}")
+        t.last_seen_at = max(t.last_seen_at, at)
+        return {"created": False}
+
+    def _node_register(self, name: str, gpus: list, cpus: float, mem_total_bytes: int,
+                       at: float, address: str = "") -> dict:
+        old = self.nodes.get(name)
+        rec = NodeRecord(name, [GpuInventory(**g) for g in gpus], float(cpus), int(mem_total_bytes),
+                         address=address, registered_at=at)
+        if old is not None:
+            rec.drained, rec.drain_reason, rec.registered_at = old.drained, old.drain_reason, old.registered_at
+        self.nodes[name] = rec
+        return {"created": old is None}
+
+    def _node_drain(self, name: str, reason: str = "", at: float = 0.0) -> dict:
+        node = self._node(name)
+        node.drained, node.drain_reason = True, reason or "drained by an admin"
+        return {}
+
+    def _node_resume(self, name: str, at: float = 0.0) -> dict:
+        node = self._node(name)
+        node.drained, node.drain_reason = False, ""
+        return {}
+
+    def _node(self, name: str) -> NodeRecord:
+        node = self.nodes.get(name)
+        if node is None:
+            raise CommandRejected(f"no node named {name!r}")
+        return node
+
+    # ---------------------------------------------------------------- jobs
+    def _job_submit(self, tenant: str, uid: int, gid: int, spec: dict, at: float) -> dict:
+        job_spec = JobSpec.from_dict(spec)
+        if tenant not in self.tenants:
+            raise CommandRejected(f"unknown tenant {tenant!r}")
+        indices = job_spec.array.indices if job_spec.array else (None,)
+        first = self.next_job_id
+        ids = []
+        for index in indices:
+            jid = self.next_job_id
+            self.next_job_id += 1
+            job = Job(
+                id=jid, tenant=tenant, uid=uid, gid=gid, spec=job_spec, submitted_at=at,
+                array_parent=first if job_spec.array else None, array_index=index,
+                log_path=f"logs/{uid}/{jid}.log",
+            )
+            self.jobs[jid] = job
+            self._queued[jid] = None
+            ids.append(jid)
+        self.tenants[tenant].last_seen_at = max(self.tenants[tenant].last_seen_at, at)
+        return {"job_id": first, "job_ids": ids}
+
+    def _job_start(self, job_id: int, allocations: list, at: float, attempt: int | None = None) -> dict:
+        job = self._job(job_id)
+        if job.state is not JobState.QUEUED:
+            raise CommandRejected(f"job {job_id} is {job.state.value}, not queued")
+        if attempt is not None and attempt != job.attempt:
+            raise CommandRejected(f"job {job_id} is at attempt {job.attempt}, plan was for {attempt}")
+        allocs = tuple(NodeAllocation.from_dict(a) for a in allocations)
+        if len(allocs) != job.spec.nodes:
+            raise CommandRejected(f"job {job_id} needs {job.spec.nodes} node(s), plan gives {len(allocs)}")
+        if len({a.node for a in allocs}) != len(allocs):
+            raise CommandRejected(f"job {job_id}: a gang needs distinct nodes")
+        for a in allocs:
+            self._check_fits(job_id, a)
+        job.state = JobState.RUNNING
+        job.allocations = allocs
+        job.started_at = at
+        job.reason = ""
+        del self._queued[job_id]
+        self._running[job_id] = None
+        for a in allocs:
+            self._commit(a, +1)
+        return {}
+
+    def _check_fits(self, job_id: int, a: NodeAllocation) -> None:
+        node = self._node(a.node)
+        if node.drained:
+            raise CommandRejected(f"job {job_id}: node {a.node} is drained")
+        c = self.commitment(a.node)
+        if c.cpus + a.cpus > node.cpus + _EPS:
+            raise CommandRejected(f"job {job_id}: node {a.node} has {node.cpus - c.cpus:g} cpus left, not {a.cpus:g}")
+        if c.mem_bytes + a.mem_bytes > node.mem_total_bytes:
+            raise CommandRejected(f"job {job_id}: node {a.node} has not enough memory left")
+        inventory = {g.index: g for g in node.gpus}
+        for slot in a.gpus:
+            inv = inventory.get(slot.index)
+            if inv is None:
+                raise CommandRejected(f"job {job_id}: node {a.node} has no GPU {slot.index}")
+            g = c.gpus.get(slot.index) or GpuCommitment()
+            if slot.mode is GpuMode.EXCLUSIVE:
+                if g.fraction > _EPS or g.oversubscribed:
+                    raise CommandRejected(f"job {job_id}: GPU {slot.index} of {a.node} is in use")
+            elif slot.mode is GpuMode.SHARED:
+                if g.exclusive:
+                    raise CommandRejected(f"job {job_id}: GPU {slot.index} of {a.node} is held exclusively")
+                if g.fraction + slot.fraction > 1 + _EPS or g.vram_bytes + slot.vram_bytes > inv.vram_total_bytes:
+                    raise CommandRejected(f"job {job_id}: GPU {slot.index} of {a.node} would be overcommitted")
+            elif g.exclusive:
+                raise CommandRejected(f"job {job_id}: GPU {slot.index} of {a.node} is held exclusively")
+
+    def _commit(self, a: NodeAllocation, sign: int) -> None:
+        c = self._commitments.setdefault(a.node, NodeCommitment())
+        c.cpus += sign * a.cpus
+        c.mem_bytes += sign * a.mem_bytes
+        for slot in a.gpus:
+            g = c.gpus.setdefault(slot.index, GpuCommitment())
+            if slot.mode is GpuMode.EXCLUSIVE:
+                g.exclusive += sign
+                g.fraction += sign * 1.0
+            elif slot.mode is GpuMode.SHARED:
+                g.shared += sign
+                g.fraction += sign * slot.fraction
+                g.vram_bytes += sign * slot.vram_bytes
+            else:
+                g.oversubscribed += sign
+            if abs(g.fraction) < _EPS:
+                g.fraction = 0.0
+
+    def _release(self, job: Job) -> None:
+        if job.id in self._running:
+            del self._running[job.id]
+            for a in job.allocations:
+                self._commit(a, -1)
+        self._queued.pop(job.id, None)
+
+    def _job_annotate(self, job_id: int, enforced: dict | None = None, reason: str | None = None) -> dict:
+        job = self._job(job_id)
+        if enforced is not None:
+            job.enforced = dict(enforced)
+        if reason is not None:
+            job.reason = reason
+        return {}
+
+    def _job_finish(self, job_id: int, at: float, exit_code: int | None = None, state: str | None = None,
+                    reason: str = "", attempt: int | None = None) -> dict:
+        job = self._job(job_id)
+        if job.state is not JobState.RUNNING:
+            raise CommandRejected(f"job {job_id} is {job.state.value}, not running")
+        if attempt is not None and attempt != job.attempt:
+            raise CommandRejected(f"job {job_id} is at attempt {job.attempt}, report was for {attempt}")
+        final = JobState(state) if state else (JobState.COMPLETED if exit_code == 0 else JobState.FAILED)
+        if not final.final:
+            raise CommandRejected(f"{final.value} is not a final state")
+        self._release(job)
+        job.state, job.exit_code, job.ended_at, job.reason = final, exit_code, at, reason
+        return {}
+
+    def _job_cancel(self, job_id: int, at: float, by: str = "", reason: str = "") -> dict:
+        job = self._job(job_id)
+        if job.state.final:
+            raise CommandRejected(f"job {job_id} is already {job.state.value}")
+        was = job.state
+        self._release(job)
+        job.state, job.ended_at = JobState.CANCELLED, at
+        job.reason = reason or (f"cancelled by {by}" if by else "cancelled")
+        return {"was": was.value}
+
+    def _job_requeue(self, job_id: int, at: float, reason: str = "") -> dict:
+        job = self._job(job_id)
+        if job.state is not JobState.RUNNING:
+            raise CommandRejected(f"job {job_id} is {job.state.value}, not running")
+        self._release(job)
+        job.state, job.allocations, job.started_at = JobState.QUEUED, (), None
+        job.attempt += 1
+        job.reason = reason
+        self._queued[job_id] = None
+        return {"attempt": job.attempt}
+
+    def _job_forget(self, job_id: int, at: float = 0.0) -> dict:
+        job = self._job(job_id)
+        if not job.state.final:
+            raise CommandRejected(f"job {job_id} is {job.state.value}; only finished jobs can be forgotten")
+        del self.jobs[job_id]
+        return {}
+
+    def _job(self, job_id: int) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise CommandRejected(f"no job {job_id}")
+        return job
+
+    # ---------------------------------------------------------------- snapshots
+    def to_dict(self) -> dict:
+        return {
+            "version": 1,
+            "applied": self.applied,
+            "next_job_id": self.next_job_id,
+            "tenants": [t.to_dict() for t in self.tenants.values()],
+            "nodes": [n.to_dict() for n in self.nodes.values()],
+            "jobs": [j.to_dict() for j in self.jobs.values()],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StateMachine":
+        sm = cls()
+        sm.applied = d["applied"]
+        sm.next_job_id = d["next_job_id"]
+        for t in d["tenants"]:
+            sm.tenants[t["name"]] = TenantRecord(**t)
+        for n in d["nodes"]:
+            sm.nodes[n["name"]] = NodeRecord.from_dict(n)
+        for jd in d["jobs"]:
+            job = Job.from_dict(jd)
+            sm.jobs[job.id] = job
+        for jid in sorted(sm.jobs):
+            job = sm.jobs[jid]
+            if job.state is JobState.QUEUED:
+                sm._queued[jid] = None
+            elif job.state is JobState.RUNNING:
+                sm._running[jid] = None
+                for a in job.allocations:
+                    sm._commit(a, +1)
+        return sm

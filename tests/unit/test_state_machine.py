@@ -1,0 +1,131 @@
+"""The state machine and its journal: deterministic, durable, refusing bad plans."""
+
+import json
+
+from mtgpu.model.job import GpuMode, JobSpec, JobState, GpuAlternative
+from mtgpu.state import commands as C
+from mtgpu.state.journal import JournaledState
+from mtgpu.state.machine import StateMachine
+
+GiB = 1024**3
+
+
+def make_spec(**kw) -> dict:
+    return JobSpec(script="#!/bin/bash\ntrue\n", **kw).to_dict()
+
+
+def setup_machine(gpus: int = 2, vram: int = 24 * GiB) -> StateMachine:
+    sm = StateMachine()
+    sm.apply(C.command(C.TENANT_ENSURE, name="alice", uid=2001, gid=2001, at=1.0))
+    sm.apply(C.command(
+        C.NODE_REGISTER, name="n1", cpus=8, mem_total_bytes=64 * GiB, at=1.0,
+        gpus=[{"index": i, "vendor": "nvidia", "model": "NVIDIA GeForce RTX 4090", "vram_total_bytes": vram}
+              for i in range(gpus)],
+    ))
+    return sm
+
+
+def alloc(node="n1", index=0, mode=GpuMode.EXCLUSIVE, fraction=1.0, vram=0, cpus=1.0):
+    return {"node": node, "cpus": cpus, "mem_bytes": 0, "vendor": "nvidia",
+            "gpus": [{"index": index, "fraction": fraction, "vram_bytes": vram, "mode": mode.value}]}
+
+
+def submit(sm, **kw) -> int:
+    r = sm.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, spec=make_spec(**kw), at=2.0))
+    assert r["ok"], r
+    return r["job_id"]
+
+
+def test_submit_start_finish_moves_job_through_states_and_releases_gpu():
+    sm = setup_machine()
+    jid = submit(sm, gpus=(GpuAlternative(1),))
+    assert sm.jobs[jid].state is JobState.QUEUED
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=3.0))["ok"]
+    assert sm.commitment("n1").gpus[0].exclusive == 1
+    assert sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=0, at=4.0))["ok"]
+    assert sm.jobs[jid].state is JobState.COMPLETED
+    assert sm.commitment("n1").gpus[0].fraction == 0
+
+
+def test_start_refuses_a_plan_that_would_double_book_an_exclusive_gpu():
+    sm = setup_machine()
+    a, b = submit(sm), submit(sm)
+    assert sm.apply(C.command(C.JOB_START, job_id=a, allocations=[alloc()], at=3.0))["ok"]
+    r = sm.apply(C.command(C.JOB_START, job_id=b, allocations=[alloc()], at=3.0))
+    assert not r["ok"] and "in use" in r["error"]
+    assert sm.jobs[b].state is JobState.QUEUED
+
+
+def test_start_refuses_shared_vram_overcommit():
+    sm = setup_machine(gpus=1)
+    ids = [submit(sm, gpu_mode=GpuMode.SHARED) for _ in range(3)]
+    sh = dict(mode=GpuMode.SHARED, fraction=0.4, vram=10 * GiB)
+    assert sm.apply(C.command(C.JOB_START, job_id=ids[0], allocations=[alloc(**sh)], at=3))["ok"]
+    assert sm.apply(C.command(C.JOB_START, job_id=ids[1], allocations=[alloc(**sh)], at=3))["ok"]
+    r = sm.apply(C.command(C.JOB_START, job_id=ids[2], allocations=[alloc(**sh)], at=3))
+    assert not r["ok"] and "overcommitted" in r["error"]
+
+
+def test_late_finish_from_an_earlier_attempt_is_ignored_after_requeue():
+    sm = setup_machine()
+    jid = submit(sm)
+    sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=3.0, attempt=0))
+    assert sm.apply(C.command(C.JOB_REQUEUE, job_id=jid, at=4.0, reason="node down"))["ok"]
+    sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=5.0, attempt=1))
+    r = sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=0, at=6.0, attempt=0))
+    assert not r["ok"]
+    assert sm.jobs[jid].state is JobState.RUNNING
+
+
+def test_malformed_and_unknown_commands_are_answered_not_raised():
+    sm = setup_machine()
+    assert not sm.apply({"cmd": "job.explode.v9", "args": {}})["ok"]
+    assert not sm.apply({"cmd": C.JOB_SUBMIT, "args": {"nonsense": 1}})["ok"]
+    assert not sm.apply("garbage")["ok"]
+    assert not sm.apply(C.command(C.JOB_CANCEL, job_id=999, at=1.0))["ok"]
+
+
+def test_array_submit_creates_one_job_per_index():
+    from mtgpu.model.job import ArraySpec
+    sm = setup_machine()
+    r = sm.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, at=2.0,
+                           spec=make_spec(array=ArraySpec((0, 1, 5), 2))))
+    assert len(r["job_ids"]) == 3
+    assert [sm.jobs[i].array_index for i in r["job_ids"]] == [0, 1, 5]
+    assert {sm.jobs[i].array_parent for i in r["job_ids"]} == {r["job_id"]}
+
+
+def test_snapshot_round_trip_keeps_commitments():
+    sm = setup_machine()
+    a = submit(sm)
+    sm.apply(C.command(C.JOB_START, job_id=a, allocations=[alloc(index=1)], at=3.0))
+    again = StateMachine.from_dict(json.loads(json.dumps(sm.to_dict())))
+    assert again.to_dict() == sm.to_dict()
+    assert again.commitment("n1").gpus[1].exclusive == 1
+    assert [j.id for j in again.running_jobs()] == [a]
+
+
+def test_journal_replays_after_restart_and_drops_a_torn_last_line(tmp_path):
+    st = JournaledState(tmp_path)
+    st.apply(C.command(C.TENANT_ENSURE, name="alice", uid=2001, gid=2001, at=1.0))
+    for _ in range(5):
+        st.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, spec=make_spec(), at=2.0))
+    st.close()
+    with open(tmp_path / "journal.jsonl", "ab") as f:
+        f.write(b'{"seq": 7, "command": {"cmd": "job.sub')  # died mid-write
+    again = JournaledState(tmp_path)
+    assert len(again.machine.jobs) == 5
+    again.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, spec=make_spec(), at=3.0))
+    again.close()
+    third = JournaledState(tmp_path)
+    assert sorted(third.machine.jobs) == [1, 2, 3, 4, 5, 6]
+
+
+def test_journal_snapshot_then_more_entries_replays_only_the_tail(tmp_path):
+    st = JournaledState(tmp_path, snapshot_every=4)
+    st.apply(C.command(C.TENANT_ENSURE, name="alice", uid=2001, gid=2001, at=1.0))
+    for _ in range(10):
+        st.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, spec=make_spec(), at=2.0))
+    expected = st.machine.to_dict()
+    st.close()
+    assert JournaledState(tmp_path).machine.to_dict() == expected
