@@ -1,0 +1,23 @@
+"""The batch-file parser: `#MTGPU key=value` directives -> model.job.JobSpec (see parser.py)."""
+
+from mtgpu.jobfile.parser import (
+    DIRECTIVE_PREFIX,
+    DIRECTIVES,
+    MAX_ARRAY_INDICES,
+    JobFileError,
+    late_directive_lines,
+    parse_array,
+    parse_gpus,
+    parse_job_file,
+)
+
+__all__ = [
+    "DIRECTIVE_PREFIX",
+    "DIRECTIVES",
+    "MAX_ARRAY_INDICES",
+    "JobFileError",
+    "late_directive_lines",
+    "parse_array",
+    "parse_gpus",
+    "parse_job_file",
+]

@@ -1,0 +1,507 @@
+"""The batch-file parser: `#MTGPU key=value` comment lines -> model.job.JobSpec.
+
+Where directives are read, as Slurm reads `#SBATCH`: only in the script's
+leading comment block. Lines are read from the top; blank lines and lines whose
+first non-blank character is `#` (the shebang included) belong to the block; the
+first other line ends it, and `#MTGPU` lines after it are ordinary comments
+(`late_directive_lines` finds them so a CLI can warn). `# MTGPU` (with a space)
+is an ordinary comment too, the usual way to switch a directive off.
+
+How a directive line is written: `#MTGPU` then whitespace-separated `key=value`
+tokens, several per line and over several lines. A value may be quoted with
+single or double quotes (`name="my job"`; no backslash escapes). A token that
+starts with `#` ends the line (a trailing comment). Keys are case-insensitive
+and `_` may stand for `-` (`gpu_mode=shared`).
+
+Duplicates: the last one wins, as with repeated Slurm options, so a later line
+can refine an earlier one. Command-line overrides (`overrides=`) win over every
+line of the file and get the same validation; their errors carry `line=None`.
+
+Every problem is a `JobFileError` (a ValueError) whose message names the line,
+the directive, the value and what is allowed; no other exception escapes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from mtgpu.model.gpu import VENDORS, normalize_model
+from mtgpu.model.job import ArraySpec, GpuAlternative, GpuMode, JobSpec
+from mtgpu.model.units import SIZE_HELP, UnitError, parse_duration, parse_size
+
+DIRECTIVE_PREFIX = "#MTGPU"
+MAX_ARRAY_INDICES = 100_000
+MAX_GPUS_PER_ALTERNATIVE = 1024
+MIN_GPU_FRACTION = 0.01
+MAX_NODES = 10_000
+MAX_CPUS = 100_000
+PRIORITY_RANGE = (-1000, 1000)
+_MAX_VALUE_IN_MESSAGE = 80
+
+
+class JobFileError(ValueError):
+    """A job file or command-line directive that cannot be accepted.
+
+    `line` is 1-based (None for command-line overrides and direct calls of
+    `parse_gpus`/`parse_array`); `directive` and `value` are what was written
+    (None where the line could not be split into key=value); `problem` is the
+    message without the location."""
+
+    def __init__(self, problem: str, *, line: int | None = None, directive: str | None = None, value: str | None = None):
+        self.problem = problem
+        self.line = line
+        self.directive = directive
+        self.value = value
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts = []
+        if self.line is not None:
+            parts.append(f"line {self.line}")
+        elif self.directive is not None:
+            parts.append("command line")
+        if self.directive is not None:
+            shown = self.value if self.value is not None else ""
+            if len(shown) > _MAX_VALUE_IN_MESSAGE:
+                shown = shown[:_MAX_VALUE_IN_MESSAGE] + "..."
+            parts.append(f'{self.directive}="{shown}"' if self.value is not None else self.directive)
+        parts.append(self.problem)
+        return ": ".join(parts)
+
+    def __reduce__(self):  # keep the attributes across pickling (multiprocessing, logging)
+        return (_rebuild_error, (self.problem, self.line, self.directive, self.value))
+
+
+def _rebuild_error(problem, line, directive, value) -> JobFileError:
+    return JobFileError(problem, line=line, directive=directive, value=value)
+
+
+class _Invalid(Exception):
+    """Raised by a value parser with the problem text; the caller adds where it was."""
+
+
+# ---------------------------------------------------------------- value parsers
+
+_NUMBER_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
+_INT_RE = re.compile(r"^[+-]?[0-9]{1,12}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _gpu_count(text: str, kind: str | None) -> float:
+    example = f"gpus={kind}:1 or gpus=0.5" if kind else "gpus=1 or gpus=0.5"
+    if not _NUMBER_RE.match(text) or len(text) > 20:
+        raise _Invalid(f"the count must be a number, e.g. {example}")
+    count = float(text)
+    if count == 0:
+        raise _Invalid("a count of 0 asks for no GPU; write gpus=0 for a job without GPUs")
+    if count < 1:
+        if count < MIN_GPU_FRACTION:
+            raise _Invalid(f"a share of a GPU must be at least {MIN_GPU_FRACTION:g}, e.g. gpus=0.25")
+        return count
+    if count != int(count):
+        raise _Invalid(f"a count above one must be whole (fractions are shares of one GPU, below 1), e.g. {example}")
+    if count > MAX_GPUS_PER_ALTERNATIVE:
+        raise _Invalid(f"at most {MAX_GPUS_PER_ALTERNATIVE} GPUs can be asked for")
+    return float(int(count))
+
+
+def _gpu_alternative(text: str) -> GpuAlternative:
+    parts = text.split(":")
+    if len(parts) == 1:
+        if parts[0][:1].isalpha():
+            raise _Invalid(f"{parts[0]!r} needs a count, e.g. gpus={parts[0].lower()}:1")
+        return GpuAlternative(count=_gpu_count(parts[0], None))
+    if len(parts) != 2:
+        raise _Invalid("write N, VENDOR:N or MODEL:N, e.g. gpus=2, gpus=nvidia:1 or gpus=h200:2")
+    kind_text, count_text = parts[0].strip(), parts[1].strip()
+    kind = kind_text.lower()
+    count = _gpu_count(count_text, kind or None)
+    if kind in VENDORS:
+        return GpuAlternative(count=count, vendor=kind)
+    model = normalize_model(kind)
+    if not model:
+        raise _Invalid(
+            f"{kind_text!r} is not a GPU model or vendor; use a vendor ({', '.join(VENDORS)}) "
+            "or a model such as rtx4090, a100 or h200"
+        )
+    return GpuAlternative(count=count, model=model)
+
+
+def _parse_gpus(value: str) -> tuple[GpuAlternative, ...]:
+    text = value.strip()
+    if text == "" or (_NUMBER_RE.match(text) and len(text) <= 20 and float(text) == 0):
+        return ()
+    alternatives = []
+    for alt in text.split("|"):
+        alt = alt.strip()
+        if not alt:
+            raise _Invalid("an alternative between '|' is empty; write e.g. gpus=a100:1|h100:1")
+        alternatives.append(_gpu_alternative(alt))
+    return tuple(alternatives)
+
+
+def _parse_size_value(value: str, what: str) -> int:
+    try:
+        n_bytes = parse_size(value.strip())
+    except (UnitError, ValueError, OverflowError):
+        raise _Invalid(f"{what} must be {SIZE_HELP}") from None
+    if n_bytes <= 0:
+        raise _Invalid(f"{what} must be more than 0, e.g. 20G")
+    return n_bytes
+
+
+def _parse_vram(value: str) -> int:
+    return _parse_size_value(value, "the GPU memory per GPU")
+
+
+def _parse_mem(value: str) -> int:
+    return _parse_size_value(value, "the host memory")
+
+
+def _parse_cpus(value: str) -> float:
+    text = value.strip()
+    if not _NUMBER_RE.match(text) or len(text) > 20:
+        raise _Invalid("the number of CPU cores must be a positive number, e.g. cpus=8 or cpus=0.5")
+    cpus = float(text)
+    if cpus <= 0 or cpus > MAX_CPUS:
+        raise _Invalid(f"the number of CPU cores must be more than 0 and at most {MAX_CPUS}, e.g. cpus=8")
+    return cpus
+
+
+def _parse_gpu_mode(value: str) -> GpuMode:
+    try:
+        return GpuMode(value.strip().lower())
+    except ValueError:
+        raise _Invalid(f"use one of {', '.join(m.value for m in GpuMode)}") from None
+
+
+def _parse_server(value: str) -> str:
+    text = value.strip()
+    if not _NAME_RE.match(text):
+        raise _Invalid("name one node: letters, digits, '.', '_' and '-', e.g. server=gpu-node-3")
+    return text
+
+
+def _parse_container(value: str) -> str:
+    text = value.strip()
+    if not _IMAGE_RE.match(text):
+        raise _Invalid("name an image, e.g. container=localhost/pytorch:2.6 or container=docker.io/library/python:3.12")
+    return text
+
+
+def _parse_int(value: str, lo: int, hi: int, what: str, example: str) -> int:
+    text = value.strip()
+    if not _INT_RE.match(text):
+        raise _Invalid(f"{what} must be a whole number from {lo} to {hi}, e.g. {example}")
+    n = int(text)
+    if not lo <= n <= hi:
+        raise _Invalid(f"{what} must be from {lo} to {hi}, e.g. {example}")
+    return n
+
+
+def _parse_nodes(value: str) -> int:
+    return _parse_int(value, 1, MAX_NODES, "the number of nodes", "nodes=2")
+
+
+def _parse_priority(value: str) -> int:
+    return _parse_int(value, PRIORITY_RANGE[0], PRIORITY_RANGE[1], "the priority", "priority=10")
+
+
+_ARRAY_HELP = "write indices as 0-9, 1,3,5, 0-10:2 (step 2) or 1-3,7, optionally %N to run at most N at once (0-99%10)"
+_ARRAY_PART_RE = re.compile(r"^([0-9]{1,9})(?:-([0-9]{1,9})(?::([0-9]{1,9}))?)?$")
+
+
+def _parse_array(value: str) -> ArraySpec:
+    text = value.strip()
+    max_running = None
+    if "%" in text:
+        text, _, limit = text.rpartition("%")
+        limit = limit.strip()
+        if not re.fullmatch(r"[0-9]{1,9}", limit) or int(limit) < 1:
+            raise _Invalid(f"the limit after % must be a whole number of at least 1; {_ARRAY_HELP}")
+        max_running = int(limit)
+    if not text.strip():
+        raise _Invalid(f"no indices given; {_ARRAY_HELP}")
+    indices: set[int] = set()
+    for part in text.split(","):
+        m = _ARRAY_PART_RE.match(part.strip())
+        if not m:
+            raise _Invalid(f"{part.strip()!r} is not an index or range; {_ARRAY_HELP}")
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) is not None else first
+        step = int(m.group(3)) if m.group(3) is not None else 1
+        if last < first:
+            raise _Invalid(f"the range {part.strip()!r} ends before it starts; {_ARRAY_HELP}")
+        if step < 1:
+            raise _Invalid(f"the step in {part.strip()!r} must be at least 1; {_ARRAY_HELP}")
+        if (last - first) // step + 1 > MAX_ARRAY_INDICES:
+            raise _Invalid(f"an array has at most {MAX_ARRAY_INDICES} indices")
+        indices.update(range(first, last + 1, step))
+        if len(indices) > MAX_ARRAY_INDICES:
+            raise _Invalid(f"an array has at most {MAX_ARRAY_INDICES} indices")
+    return ArraySpec(indices=tuple(sorted(indices)), max_running=max_running)
+
+
+def _parse_name(value: str) -> str:
+    text = value.strip()
+    if not text or len(text) > 200 or _CONTROL_RE.search(text):
+        raise _Invalid("a label of 1 to 200 printable characters, e.g. name=train-resnet")
+    return text
+
+
+def _parse_time(value: str) -> float:
+    try:
+        return parse_duration(value.strip())
+    except (UnitError, ValueError, OverflowError) as exc:
+        # UnitError's text already says what is allowed; other errors come from absurd inputs.
+        detail = str(exc) if isinstance(exc, UnitError) else "a duration such as 90, 2h or 1-12:00:00"
+        raise _Invalid(f"the wall-clock limit must be {detail}") from None
+
+
+def _parse_workdir(value: str) -> str:
+    text = value.strip()
+    if not text or len(text) > 4096 or _CONTROL_RE.search(text):
+        raise _Invalid("a directory path, e.g. workdir=/home/mtgpu/alice/project (relative paths are the submitter's)")
+    return text
+
+
+_YES = {"yes", "true", "on", "1"}
+_NO = {"no", "false", "off", "0"}
+
+
+def _parse_requeue(value: str) -> bool:
+    text = value.strip().lower()
+    if text in _YES:
+        return True
+    if text in _NO:
+        return False
+    raise _Invalid("use yes or no")
+
+
+@dataclass(frozen=True, slots=True)
+class _Directive:
+    help: str
+    parse: Callable[[str], Any]
+    field: str  # the JobSpec field it fills
+
+
+_TABLE: dict[str, _Directive] = {
+    "gpus": _Directive(
+        "GPUs: N, VENDOR:N, MODEL:N, '|'-separated alternatives, or a share below 1 (0.5, t4:0.25)", _parse_gpus, "gpus"
+    ),
+    "vram": _Directive("minimum free GPU memory per GPU, e.g. 20G", _parse_vram, "vram_bytes"),
+    "cpus": _Directive("CPU cores, e.g. 8 or 0.5", _parse_cpus, "cpus"),
+    "mem": _Directive("host memory, e.g. 32G", _parse_mem, "mem_bytes"),
+    "gpu-mode": _Directive("exclusive (default), shared or oversubscribe", _parse_gpu_mode, "gpu_mode"),
+    "server": _Directive("run only on this node", _parse_server, "server"),
+    "container": _Directive("run in this image (rootless Podman), e.g. localhost/pytorch:2.6", _parse_container, "container"),
+    "nodes": _Directive("run the same command on N nodes at once, all or nothing", _parse_nodes, "nodes"),
+    "array": _Directive("one job per index: 0-9, 1,3,5, 0-10:2, 0-99%10 (at most 10 at once)", _parse_array, "array"),
+    "name": _Directive("a label for the job", _parse_name, "name"),
+    "priority": _Directive(f"base priority, {PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}", _parse_priority, "priority"),
+    "time": _Directive("wall-clock limit, e.g. 90 (minutes), 2h or 1-12:00:00", _parse_time, "time_limit_s"),
+    "workdir": _Directive("directory the job starts in", _parse_workdir, "workdir"),
+    "requeue": _Directive("yes (default) or no: put the job back in the queue if its node is lost", _parse_requeue, "requeue"),
+}
+
+DIRECTIVES: Mapping[str, str] = MappingProxyType({name: d.help for name, d in _TABLE.items()})
+"""Directive name -> one-line help, in the order the CLI should offer `--name value` flags."""
+
+
+# ---------------------------------------------------------------- public value parsers
+
+
+def parse_gpus(value: str) -> tuple[GpuAlternative, ...]:
+    """Parse a `gpus=` value; `()` means no GPU. Raises JobFileError (line=None)."""
+    return _parse_one("gpus", value, None)
+
+
+def parse_array(value: str) -> ArraySpec:
+    """Parse an `array=` value into sorted, distinct indices. Raises JobFileError (line=None)."""
+    return _parse_one("array", value, None)
+
+
+def _parse_one(name: str, value: Any, line: int | None) -> Any:
+    if not isinstance(value, str):
+        raise JobFileError("the value must be text", line=line, directive=name, value=repr(value))
+    try:
+        return _TABLE[name].parse(value)
+    except _Invalid as exc:
+        raise JobFileError(str(exc), line=line, directive=name, value=value) from None
+
+
+# ---------------------------------------------------------------- reading the file
+
+
+@dataclass(frozen=True, slots=True)
+class _Given:
+    """One directive as written: where (line None = command line) and the raw value."""
+
+    name: str
+    value: str
+    line: int | None
+
+
+def _split_tokens(text: str, line_no: int) -> list[str]:
+    """Split a directive line on whitespace, honouring quotes; a token starting with '#' ends it."""
+    tokens: list[str] = []
+    current: list[str] = []
+    in_token = False
+    quote: str | None = None
+    for ch in text:
+        if quote is not None:
+            if ch == quote:
+                quote = None
+            else:
+                current.append(ch)
+        elif ch in "\"'":
+            quote = ch
+            in_token = True
+        elif ch.isspace():
+            if in_token:
+                tokens.append("".join(current))
+                current, in_token = [], False
+        elif ch == "#" and not in_token:
+            break
+        else:
+            current.append(ch)
+            in_token = True
+    if quote is not None:
+        raise JobFileError(f"a {quote} quote is not closed; close it or remove it", line=line_no)
+    if in_token:
+        tokens.append("".join(current))
+    return tokens
+
+
+def _canonical_name(key: str) -> str:
+    return key.strip().lower().replace("_", "-")
+
+
+def _unknown_directive(key: str, value: str, line: int | None) -> JobFileError:
+    close = difflib.get_close_matches(_canonical_name(key), list(_TABLE), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return JobFileError(
+        f"unknown directive{hint}; known: {', '.join(_TABLE)}", line=line, directive=key, value=value
+    )
+
+
+def _directive_lines(text: str) -> tuple[list[tuple[int, str]], list[int]]:
+    """The `#MTGPU` lines of the leading comment block (number, rest of line), and
+    the numbers of `#MTGPU` lines found after the block (ignored, as Slurm does)."""
+    inside: list[tuple[int, str]] = []
+    late: list[int] = []
+    in_block = True
+    for number, line in enumerate(text.split("\n"), start=1):
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        stripped = line.strip()
+        if in_block and stripped and not stripped.startswith("#"):
+            in_block = False
+        if not stripped.startswith(DIRECTIVE_PREFIX):
+            continue
+        rest = stripped[len(DIRECTIVE_PREFIX):]
+        if rest and not rest[0].isspace():
+            continue  # "#MTGPUX" is some other comment
+        if in_block:
+            inside.append((number, rest))
+        else:
+            late.append(number)
+    return inside, late
+
+
+def late_directive_lines(text: str) -> list[int]:
+    """Line numbers of `#MTGPU` lines after the leading comment block, which are
+    ignored; a CLI can warn about them (the usual mistake is a directive below
+    the first command)."""
+    if not isinstance(text, str):
+        return []
+    return _directive_lines(text)[1]
+
+
+def _given_from_text(text: str) -> dict[str, _Given]:
+    given: dict[str, _Given] = {}
+    for number, rest in _directive_lines(text)[0]:
+        for token in _split_tokens(rest, number):
+            key, sep, value = token.partition("=")
+            if not sep or not key.strip():
+                raise JobFileError(
+                    f"{token!r} is not key=value; write directives as key=value, e.g. gpus=1 cpus=4",
+                    line=number,
+                )
+            name = _canonical_name(key)
+            if name not in _TABLE:
+                raise _unknown_directive(key, value, number)
+            given[name] = _Given(name, value, number)  # the last one wins
+    return given
+
+
+def _given_from_overrides(overrides: Mapping[Any, Any]) -> dict[str, _Given]:
+    given: dict[str, _Given] = {}
+    try:
+        items = list(overrides.items())
+    except Exception:  # noqa: BLE001 - a caller passed something that is not a mapping
+        raise JobFileError("overrides must be a mapping of directive name to value") from None
+    for key, value in items:
+        if value is None:
+            continue  # an unset CLI flag
+        if not isinstance(key, str):
+            raise JobFileError(f"override key {key!r} is not a directive name; known: {', '.join(_TABLE)}")
+        if isinstance(value, bool):
+            value = "yes" if value else "no"
+        elif isinstance(value, (int, float)):
+            value = str(value)
+        elif not isinstance(value, str):
+            raise JobFileError("the value must be text", directive=key, value=repr(value))
+        name = _canonical_name(key)
+        if name not in _TABLE:
+            raise _unknown_directive(key, value, None)
+        given[name] = _Given(name, value, None)
+    return given
+
+
+def parse_job_file(text: str, overrides: Mapping[str, str] | None = None) -> JobSpec:
+    """Parse a batch script's `#MTGPU` directives (then `overrides`, which win) into a JobSpec.
+
+    The whole text becomes `JobSpec.script`. Raises JobFileError and nothing else."""
+    if not isinstance(text, str):
+        raise JobFileError("the job file must be text (a shell script)")
+    given = _given_from_text(text)
+    if overrides:
+        given.update(_given_from_overrides(overrides))
+
+    fields: dict[str, Any] = {}
+    for name, directive in _TABLE.items():
+        g = given.get(name)
+        if g is not None:
+            fields[directive.field] = _parse_one(name, g.value, g.line)
+
+    gpus: tuple[GpuAlternative, ...] = fields.get("gpus", ())
+    fractional = any(alt.fractional for alt in gpus)
+    if "gpu_mode" in fields:
+        if fractional and fields["gpu_mode"] is GpuMode.EXCLUSIVE:
+            g = given["gpu-mode"]
+            raise JobFileError(
+                f"gpus={given['gpus'].value} asks for a share of a GPU, which cannot be exclusive; "
+                "use gpu-mode=shared or oversubscribe, or ask for whole GPUs",
+                line=g.line,
+                directive="gpu-mode",
+                value=g.value,
+            )
+    elif fractional:
+        fields["gpu_mode"] = GpuMode.SHARED
+    if "vram_bytes" in fields and not gpus:
+        g = given["vram"]
+        raise JobFileError(
+            "vram= is memory per GPU, but the job asks for no GPU; add gpus=, e.g. gpus=1",
+            line=g.line,
+            directive="vram",
+            value=g.value,
+        )
+    return JobSpec(script=text, **fields)
