@@ -1,0 +1,82 @@
+"""The third verdict: a request that no node of the cluster could ever satisfy.
+
+Judged against each node's totals as if it were empty. Drained or down nodes
+still count (they may come back); only what the hardware could never give refuses.
+"""
+
+from __future__ import annotations
+
+from mtgpu.model.cluster import ClusterSnapshot, NodeView
+from mtgpu.model.gpu import model_matches
+from mtgpu.model.job import JobSpec
+from mtgpu.model.units import format_size
+
+from .reasons import gpus_of, join_node_reasons
+from .request import EPS, RankRequest, rank_requests
+
+
+def never_reason(node: NodeView, req: RankRequest) -> str | None:
+    """Why an empty `node` could never host one rank of `req`, or None if it could."""
+    if req.cpus > 0 and float(node.cpus_total) + EPS < req.cpus:
+        return f"has {node.cpus_total:g} CPUs ({req.cpus:g} asked)"
+    if req.mem_bytes > 0 and node.mem_total_bytes < req.mem_bytes:
+        return f"has {format_size(node.mem_total_bytes)} memory ({format_size(req.mem_bytes)} asked)"
+    if not req.gpu_count:
+        return None
+    kind = req.kind()
+    if not node.gpus:
+        return "no GPU (CPU-only node)"
+    matching = [
+        g for g in node.gpus
+        if (req.vendor is None or g.vendor == req.vendor) and (req.model is None or model_matches(req.model, g.model))
+    ]
+    if not matching:
+        if req.model:
+            return f"no GPU of model {kind}"
+        return f"no GPU of vendor {kind}" if req.vendor else "no GPU"
+    if len(matching) < req.gpu_count:
+        return f"only {gpus_of(len(matching), kind)} ({req.gpu_count} asked)"
+    v = req.vram_bytes
+    if v is not None:
+        big = [g for g in matching if g.vram_total_bytes >= v]
+        if len(big) < req.gpu_count:
+            most = max(g.vram_total_bytes for g in matching)
+            return f"no {kind} with {format_size(v)} VRAM ({format_size(most)} total < {format_size(v)})"
+    return None
+
+
+def node_could_host(node: NodeView, reqs: list[RankRequest]) -> bool:
+    return any(never_reason(node, r) is None for r in reqs)
+
+
+def check_satisfiable(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
+    """The reason no node of the cluster could ever run `spec`, even empty; else None."""
+    reqs = rank_requests(spec)
+    nodes = snapshot.nodes
+    if spec.nodes < 1:
+        return f"nodes={spec.nodes} is not a node count (use 1 or more)"
+    if spec.server is not None:
+        nodes = [n for n in nodes if n.name == spec.server]
+        if not nodes:
+            return f"server={spec.server}: no node of that name in the cluster"
+        if spec.nodes > 1:
+            return f"nodes={spec.nodes} cannot run on the single node server={spec.server}"
+    if not nodes:
+        return "the cluster has no nodes"
+    per_node: list[tuple[str, str]] = []
+    able = 0
+    for n in nodes:
+        reasons = [never_reason(n, r) for r in reqs]
+        if any(r is None for r in reasons):
+            able += 1
+            continue
+        if len(reqs) == 1:
+            per_node.append((n.name, reasons[0]))  # type: ignore[arg-type]
+        else:
+            per_node.append((n.name, " / ".join(f"{q.label}: {r}" for q, r in zip(reqs, reasons))))
+    if able >= spec.nodes:
+        return None
+    if able == 0:
+        return join_node_reasons(per_node)
+    head = f"nodes={spec.nodes} but only {able} node{'s' if able != 1 else ''} could ever run one rank"
+    return head + ("; " + join_node_reasons(per_node) if per_node else "")
