@@ -1,0 +1,374 @@
+"""The config file's schema (DESIGN §2): one pydantic model per TOML table.
+
+Field names are the documented keys, spelled exactly as users type them, so an
+error can name the key without any mapping. Human forms (sizes) are parsed once
+here: after validation `USER_DISK_LIMIT` and `SIMULATED_GPUS[].vram`/`used_vram`
+hold bytes. Validators raise `PydanticCustomError` with a message that says
+what is allowed; `loader.py` turns pydantic's errors into `ConfigError` lines.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from mtgpu.model.units import SIZE_HELP, UnitError, format_size, parse_size
+
+DEFAULT_STATE_DIR = Path("/var/lib/mtgpu")
+SOCKET_NAME = "mtgpu.sock"
+SECRET_FILE_NAME = "cluster.secret"
+MAX_UID = 2**32 - 2  # (uid_t)-1 is "no user"
+
+
+def _bad(message: str) -> PydanticCustomError:
+    """An error whose message is ours (what is allowed), not pydantic's."""
+    return PydanticCustomError("mtgpu_value", message)
+
+
+CROSS_ERROR_TYPE = "mtgpu_cross"
+
+
+def _cross(problems: list[tuple[str, Any, str]]) -> PydanticCustomError:
+    """Problems that involve several keys, each as (relative key, value, message):
+    pydantic gives a model-level error no key, so the loader reads them from ctx."""
+    return PydanticCustomError(CROSS_ERROR_TYPE, "; ".join(p[2] for p in problems), {"problems": problems})
+
+
+# ---------------------------------------------------------------- reusable value checks
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]{0,252})$")
+_ADDRESS_HELP = 'host:port, e.g. "0.0.0.0:7070", "node-2.lan:7070" or "[::]:7070"'
+
+
+def parse_address(text: str, *, allow_port_zero: bool = True) -> tuple[str, int]:
+    """Split "host:port" (IPv6 in brackets) into (host, port); raises ValueError saying what is allowed."""
+    if not isinstance(text, str):
+        raise ValueError(f"must be {_ADDRESS_HELP}")
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"the port is missing after ']:'; use {_ADDRESS_HELP}")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address; use {_ADDRESS_HELP}") from None
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"must be {_ADDRESS_HELP}")
+        if ":" in host:
+            raise ValueError(f"put an IPv6 address in brackets; use {_ADDRESS_HELP}")
+        if not _HOST_RE.match(host):
+            raise ValueError(f"{host!r} is not a host name or address; use {_ADDRESS_HELP}")
+    lowest = 0 if allow_port_zero else 1
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not lowest <= int(port_text) <= 65535:
+        raise ValueError(f"the port must be a number from {lowest} to 65535; use {_ADDRESS_HELP}")
+    return host, int(port_text)
+
+
+def _listen_address(value: str) -> str:
+    try:
+        parse_address(value)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+    return value
+
+
+def _peer_address(value: str) -> str:
+    try:
+        parse_address(value, allow_port_zero=False)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+    return value
+
+
+def _absolute(value: Path) -> Path:
+    if not value.is_absolute():
+        raise _bad('must be an absolute path, e.g. "/var/lib/mtgpu"')
+    return value
+
+
+def _size(value: Any) -> int:
+    try:
+        n_bytes = parse_size(value)
+    except (UnitError, ValueError, OverflowError):
+        raise _bad(f'must be {SIZE_HELP}, in quotes: "200GiB"') from None
+    return n_bytes
+
+
+def _positive_size(value: Any) -> int:
+    n_bytes = _size(value)
+    if n_bytes <= 0:
+        raise _bad('must be more than 0, e.g. "200GiB"')
+    return n_bytes
+
+
+def _optional_positive_size(value: Any) -> int | None:
+    return None if value is None else _positive_size(value)
+
+
+def _name(what: str, example: str) -> Any:
+    """A checker for simple names (node, cluster, group): letters, digits, '.', '_', '-'."""
+
+    def check(value: str) -> str:
+        if not _HOST_RE.match(value):
+            raise _bad(f"{what} must be letters, digits, '.', '_' or '-' (1 to 253), e.g. {example}")
+        return value
+
+    return check
+
+
+def _terminals(value: Any) -> Any:
+    # Writing on/off unquoted is a TOML syntax error, so true/false are accepted as the same choice.
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return value
+
+
+def _uid_range(value: Any) -> Any:
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise _bad("must be two whole numbers [first, last], e.g. [200000, 299999]")
+    lo, hi = value
+    if lo < 1000 or hi > MAX_UID or lo > hi:
+        raise _bad(f"must be [first, last] with 1000 <= first <= last <= {MAX_UID}, e.g. [200000, 299999]")
+    return (lo, hi)
+
+
+AbsolutePath = Annotated[Path, AfterValidator(_absolute)]
+ListenAddress = Annotated[str, AfterValidator(_listen_address)]
+PeerAddress = Annotated[str, AfterValidator(_peer_address)]
+
+
+# ---------------------------------------------------------------- tables
+
+
+class ContainersConfig(BaseModel):
+    """`[CONTAINERS]`: rootless Podman workspaces and container jobs."""
+
+    # Numbers and booleans are strict (no "yes" for true, no true for 1): TOML has real types.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(False, strict=True, description="offer container workspaces and container jobs on this node")
+    templates: dict[str, str] = Field(
+        default_factory=dict, description="workspace templates tenants pick by name: name -> image"
+    )
+    images: list[str] = Field(default_factory=list, description="images tenants may use (pre-pulled where possible)")
+    cache_volume: str | None = Field(None, description="a Podman volume shared as the image/layer cache, if any")
+    network: Annotated[str, Field(min_length=1)] = Field(
+        "slirp4netns", description="the rootless network mode Podman runs containers with"
+    )
+    publish_ports: bool = Field(True, strict=True, description="let tenants publish container ports on this node")
+    allow_user_images: bool = Field(False, strict=True, description="let tenants run images not listed in templates/images")
+
+
+class SimulatedGpu(BaseModel):
+    """One `[[SIMULATED_GPUS]]` entry: `count` identical GPUs the simulated backend reports."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: Annotated[str, Field(min_length=1)] = Field(description='model name as a driver reports it, e.g. "H200"')
+    vendor: Literal["nvidia", "amd", "intel"] = Field("nvidia", description="the GPU's vendor")
+    vram: Annotated[int, BeforeValidator(_positive_size)] = Field(
+        description='total GPU memory, e.g. "141GiB"; bytes after loading'
+    )
+    count: int = Field(1, ge=1, le=1024, strict=True, description="how many such GPUs this node has")
+    used_vram: Annotated[int, BeforeValidator(_size)] = Field(
+        0, description="memory shown as used by others (not by jobs); bytes after loading"
+    )
+    utilization: float = Field(0.0, ge=0, le=100, strict=True, description="utilization shown as background load, percent")
+
+    @property
+    def vram_bytes(self) -> int:
+        return self.vram
+
+    @property
+    def used_vram_bytes(self) -> int:
+        return self.used_vram
+
+    @model_validator(mode="after")
+    def _used_fits(self) -> "SimulatedGpu":
+        if self.used_vram > self.vram:
+            raise _cross([("used_vram", format_size(self.used_vram), f"must be at most vram ({format_size(self.vram)})")])
+        return self
+
+
+_INTERPRETER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+
+
+class PythonInterpreter(BaseModel):
+    """One published Python environment. `name` is what `mt-python` lists; by default
+    it comes from the path: `/opt/envs/torch` -> "torch", `/opt/py312/bin/python3` -> "py312"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="the name tenants pick it by")
+    path: AbsolutePath = Field(description="the environment's directory or its python executable")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "name" not in data and isinstance(data.get("path"), str):
+            p = PurePosixPath(data["path"])
+            name = p.parent.parent.name if p.parent.name == "bin" and p.name.startswith("python") else p.name
+            data = {**data, "name": name}
+        return data
+
+    @model_validator(mode="after")
+    def _check_name(self) -> "PythonInterpreter":
+        if not _INTERPRETER_NAME_RE.match(self.name):
+            raise _cross([("name", self.name, "must be letters, digits, '.', '_', '+' or '-' (1 to 100)")])
+        return self
+
+
+def _interpreters_from_strings(value: Any) -> Any:
+    if isinstance(value, list):
+        return [{"path": item} if isinstance(item, str) else item for item in value]
+    return value
+
+
+def _unique_interpreter_names(value: list[PythonInterpreter]) -> list[PythonInterpreter]:
+    seen: dict[str, int] = {}
+    for i, interp in enumerate(value):
+        if interp.name in seen:
+            raise _bad(
+                f"items {seen[interp.name]} and {i} are both named {interp.name!r}; "
+                'give each a distinct name: { name = "torch", path = "/opt/envs/torch" }'
+            )
+        seen[interp.name] = i
+    return value
+
+
+# ---------------------------------------------------------------- the file
+
+
+class Config(BaseModel):
+    """One node's configuration (`/etc/mtgpu/mtgpu.toml`); unknown keys are rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    CLUSTER_MODE: Literal["standalone", "cluster"] = Field("standalone", description="standalone or cluster")
+    CLUSTER_ID: Annotated[str, AfterValidator(_name("CLUSTER_ID", '"lab-a"'))] | None = Field(
+        None,
+        description="machines with the same id form one cluster; required in cluster mode",
+        validate_default=True,
+    )
+    NODE_NAME: Annotated[str, AfterValidator(_name("NODE_NAME", '"gpu-node-3"'))] = Field(
+        default_factory=socket.gethostname, description="this machine's name in the cluster (default: hostname)"
+    )
+    LISTEN: ListenAddress = Field("0.0.0.0:7070", description="address:port serving the cluster and clients")
+    PEERS: list[PeerAddress] = Field(default_factory=list, description="addresses of other members to join through")
+    CLUSTER_SECRET_FILE: AbsolutePath | None = Field(
+        None, description="the cluster's shared secret (32+ characters); default STATE_DIR/cluster.secret"
+    )
+    STATE_DIR: AbsolutePath = Field(DEFAULT_STATE_DIR, description="durable state, journal, sockets")
+    TENANT_HOME_ROOT: AbsolutePath = Field(Path("/home/mtgpu"), description="root of tenant home directories")
+    HOME_LAYOUT: Literal["shared", "per-node"] = Field(
+        "per-node", description="shared (one home on shared storage) or per-node"
+    )
+    DATASETS_DIRECTORIES: list[AbsolutePath] = Field(
+        default_factory=list, description="published read-only to every tenant and container"
+    )
+    PYTHON_INTERPRETERS: Annotated[
+        list[PythonInterpreter],
+        BeforeValidator(_interpreters_from_strings),
+        AfterValidator(_unique_interpreter_names),
+    ] = Field(
+        default_factory=list,
+        description='prepared Python environments, published read-only: "/path" or { name = "...", path = "/path" }',
+    )
+    USER_DISK_LIMIT: Annotated[int | None, BeforeValidator(_optional_positive_size)] = Field(
+        None, description='per-tenant disk quota, e.g. "200GiB"; bytes after loading; none when absent'
+    )
+    JOB_RETENTION_DAYS: float = Field(30.0, gt=0, strict=True, description="finished jobs' records and outputs are kept this long")
+    TENANT_RETENTION_DAYS: float = Field(180.0, gt=0, strict=True, description="inactive tenant accounts are kept this long")
+    PERSISTENT_TERMINALS: Annotated[Literal["on", "optional", "off"], BeforeValidator(_terminals)] = Field(
+        "on", description="SSH sessions in tmux: on, optional (user opts in) or off"
+    )
+    GPU_BACKEND: Literal["auto", "nvml", "amd", "intel", "simulated"] = Field(
+        "auto", description="auto-detect (NVML, AMD SMI, Intel), one of them, or simulated (SIMULATED_GPUS)"
+    )
+    SSH_LISTEN: ListenAddress = Field("0.0.0.0:2222", description="where this node's tenant sshd listens")
+    TENANT_UID_RANGE: Annotated[tuple[int, int], BeforeValidator(_uid_range)] = Field(
+        (200000, 299999), description="UIDs/GIDs handed to tenants, the same on every node"
+    )
+    CONTAINERS: ContainersConfig = Field(default_factory=ContainersConfig, description="container workspaces and jobs")
+    SIMULATED_GPUS: list[SimulatedGpu] = Field(
+        default_factory=list, description="the GPUs the simulated backend reports; none is a CPU-only node"
+    )
+    ADMIN_GROUP: Annotated[str, AfterValidator(_name("ADMIN_GROUP", '"mtgpu-admin"'))] = Field(
+        "mtgpu-admin",
+        description="(not in DESIGN §2, our addition) members of this OS group are admins and see all jobs",
+    )
+
+    @field_validator("CLUSTER_ID")
+    @classmethod
+    def _id_in_cluster_mode(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # A field validator (CLUSTER_MODE is declared first, so it is in info.data) rather
+        # than a model validator, so this is reported together with every other problem.
+        if value is None and info.data.get("CLUSTER_MODE") == "cluster":
+            raise _bad('is required when CLUSTER_MODE = "cluster", e.g. CLUSTER_ID = "lab-a"')
+        return value
+
+    @model_validator(mode="after")
+    def _resolve_defaults(self) -> "Config":
+        if self.CLUSTER_SECRET_FILE is None:
+            # Resolved once here so every reader sees the same path; frozen, hence object.__setattr__.
+            object.__setattr__(self, "CLUSTER_SECRET_FILE", self.STATE_DIR / SECRET_FILE_NAME)
+        return self
+
+    # -------- derived values, in the units the rest of the code uses
+
+    def listen_host_port(self) -> tuple[str, int]:
+        """(host, port) of LISTEN; an IPv6 host comes without brackets."""
+        return parse_address(self.LISTEN)
+
+    def ssh_listen_host_port(self) -> tuple[str, int]:
+        return parse_address(self.SSH_LISTEN)
+
+    def peer_host_ports(self) -> list[tuple[str, int]]:
+        return [parse_address(p) for p in self.PEERS]
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.CLUSTER_MODE == "cluster"
+
+    @property
+    def socket_path(self) -> Path:
+        """The local Unix socket tenants' commands talk to (DESIGN §4)."""
+        return self.STATE_DIR / SOCKET_NAME
+
+    @property
+    def secret_file_path(self) -> Path:
+        """CLUSTER_SECRET_FILE as resolved at load (STATE_DIR/cluster.secret when not given)."""
+        return self.CLUSTER_SECRET_FILE or self.STATE_DIR / SECRET_FILE_NAME
+
+    @property
+    def user_disk_limit_bytes(self) -> int | None:
+        return self.USER_DISK_LIMIT
+
+    @property
+    def job_retention_s(self) -> float:
+        return self.JOB_RETENTION_DAYS * 86400.0
+
+    @property
+    def tenant_retention_s(self) -> float:
+        return self.TENANT_RETENTION_DAYS * 86400.0
+
+
+# Which model a dotted location (list indices dropped) points into: for unknown-key messages.
+SECTION_MODELS: dict[tuple[str, ...], type[BaseModel]] = {
+    (): Config,
+    ("CONTAINERS",): ContainersConfig,
+    ("SIMULATED_GPUS",): SimulatedGpu,
+    ("PYTHON_INTERPRETERS",): PythonInterpreter,
+}
