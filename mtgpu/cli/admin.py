@@ -1,0 +1,123 @@
+"""mtgpu-admin: nodes (list, drain, resume), jobs of every tenant, simulated GPU load."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..agent.telemetry.simulated import default_override_path, write_simulated_load
+from ..client.local import ClientError, LocalClient, find_socket
+from ..model.units import UnitError, parse_size
+from .common import fail, out, print_json, size, when
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+nodes_app = typer.Typer(add_completion=False, help="The cluster's nodes.", invoke_without_command=True)
+app.add_typer(nodes_app, name="nodes")
+
+
+@nodes_app.callback()
+def nodes_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json")) -> None:
+    """List nodes with role, state, GPUs and live use (`nodes drain NAME`, `nodes resume NAME`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        with LocalClient() as c:
+            nodes = c.nodes()
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(nodes)
+        return
+    table = Table("NODE", "ROLE", "STATE", "CPUS", "MEM", "GPU", "MODEL", "VRAM USED", "UTIL", "COMMITTED", box=None)
+    for n in nodes:
+        first = True
+        for g in n["gpus"] or [None]:
+            head = (n["name"], n["role"], n["state"] + (f" ({n['reason']})" if n["reason"] else ""),
+                    f"{n['cpus_committed']:g}/{n['cpus']:g}", f"{size(n['mem_committed_bytes'])}/{size(n['mem_total_bytes'])}")
+            row = head if first else ("",) * 5
+            if g is None:
+                table.add_row(*row, "-", "-", "-", "-", "-")
+            else:
+                table.add_row(*row, str(g["index"]), g["model"], f"{size(g['vram_used_bytes'])}/{size(g['vram_total_bytes'])}",
+                              f"{g['utilization_pct']:.0f}%",
+                              "exclusive" if g["exclusive"] else f"{g['committed_fraction']:g} ({size(g['committed_vram_bytes'])})")
+            first = False
+    out.print(table)
+
+
+@nodes_app.command("list")
+def nodes_list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
+    """Same as `mtgpu-admin nodes`."""
+    ctx = typer.Context(typer.main.get_command(nodes_app))
+    nodes_list(ctx, json_out)
+
+
+@nodes_app.command("drain")
+def drain(name: str, reason: str = typer.Option("", "--reason")) -> None:
+    """Stop new placements on NAME; its running jobs finish."""
+    try:
+        with LocalClient() as c:
+            c.drain(name, reason)
+    except ClientError as e:
+        fail(e)
+    out.print(f"node {name} drained")
+
+
+@nodes_app.command("resume")
+def resume(name: str) -> None:
+    """Undo `drain`."""
+    try:
+        with LocalClient() as c:
+            c.resume(name)
+    except ClientError as e:
+        fail(e)
+    out.print(f"node {name} resumed")
+
+
+@app.command()
+def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.Option(False, "--json")) -> None:
+    """Jobs of all tenants (root or the admin group)."""
+    try:
+        with LocalClient() as c:
+            if not c.whoami()["admin"]:
+                fail("mtgpu-admin jobs needs root or the admin group (ADMIN_GROUP)", 1)
+            rows = c.jobs(all_tenants=True, active_only=active)
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("ID", "TENANT", "NAME", "STATE", "NODES", "SUBMITTED", "EXIT", "REASON", box=None)
+    for j in rows:
+        table.add_row(str(j["id"]), j["tenant"], j["name"], j["state"], ",".join(j["nodes"]) or "-",
+                      when(j["submitted_at"]), "-" if j["exit_code"] is None else str(j["exit_code"]), j["reason"] or "")
+    out.print(table)
+
+
+@app.command("simulate-load")
+def simulate_load(
+    index: int,
+    used: Optional[str] = typer.Option(None, "--used", help="used VRAM, e.g. 12G"),
+    util: Optional[float] = typer.Option(None, "--util", help="utilization in percent"),
+    state_dir: Optional[str] = typer.Option(None, "--state-dir", help="the node's STATE_DIR (default: from the config)"),
+) -> None:
+    """Set the measured load of simulated GPU INDEX (GPU_BACKEND = "simulated"), as if another program used it."""
+    try:
+        used_bytes = parse_size(used) if used is not None else None
+    except UnitError as e:
+        fail(f"--used: {e}", 2)
+    from pathlib import Path
+
+    directory = Path(state_dir) if state_dir else Path(find_socket()).parent
+    write_simulated_load(default_override_path(directory), index, used_vram_bytes=used_bytes, utilization_pct=util)
+    out.print(f"simulated GPU {index}: used={used or '-'} util={util if util is not None else '-'}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""mt-job: submit, list, show, cancel and read the logs of your jobs.
+
+Every `#MTGPU` directive is also a flag of `submit` (`--gpus nvidia:1`, `--gpu-mode shared`);
+flags win over the file. `--wrap CMD` submits a one-line command without a file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..client.local import ClientError, LocalClient
+from ..jobfile import DIRECTIVES
+from .common import err, fail, out, print_json, size, when
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+_DIRECTIVE_HELP = "\n".join(f"  --{k} VALUE   {v}" for k, v in DIRECTIVES.items())
+
+
+def _client() -> LocalClient:
+    return LocalClient()
+
+
+def parse_directive_flags(args: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Split `--gpus 1 --gpu-mode=shared job.sh` into ({"gpus": "1", ...}, ["job.sh"])."""
+    overrides: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--") and len(a) > 2:
+            key, eq, value = a[2:].partition("=")
+            if key not in DIRECTIVES:
+                fail(f"unknown option --{key}; the directives are: {', '.join(DIRECTIVES)}", 2)
+            if not eq:
+                if i + 1 >= len(args):
+                    fail(f"--{key} needs a value, e.g. --{key} VALUE", 2)
+                i += 1
+                value = args[i]
+            overrides[key] = value
+        else:
+            rest.append(a)
+        i += 1
+    return overrides, rest
+
+
+def _gpu_text(job: dict) -> str:
+    gpus = job.get("gpus") or []
+    if not gpus:
+        return "-"
+    return ",".join(f"{g['node']}:{g['index']}" + ("" if g["fraction"] >= 1 else f"({g['fraction']:g})") for g in gpus)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    epilog="Directive flags (each also a `#MTGPU key=value` line in the file):\n\n" + _DIRECTIVE_HELP,
+)
+def submit(
+    ctx: typer.Context,
+    wrap: Optional[str] = typer.Option(None, "--wrap", help="submit this shell command instead of a file"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+    wait: bool = typer.Option(False, "--wait", help="wait for the job to end, print its log, exit with its status"),
+) -> None:
+    """Submit a job file (or --wrap CMD). A request no node could ever run exits with status 2."""
+    overrides, rest = parse_directive_flags(list(ctx.args))
+    if wrap is not None:
+        if rest:
+            fail("give either a job file or --wrap, not both", 2)
+        script = f"#!/bin/bash\n{wrap}\n"
+    elif len(rest) == 1:
+        path = rest[0]
+        try:
+            script = sys.stdin.read() if path == "-" else open(path, encoding="utf-8", errors="replace").read()
+        except OSError as e:
+            fail(f"cannot read the job file {path}: {e.strerror}", 2)
+    else:
+        fail("give one job file (or - for standard input), or --wrap CMD", 2)
+    try:
+        with _client() as c:
+            result = c.submit(script, overrides, workdir=os.getcwd())
+            if json_out and not wait:
+                print_json(result)
+            elif not wait:
+                ids = result["job_ids"]
+                out.print(f"submitted job {ids[0]}" if len(ids) == 1 else
+                          f"submitted array job {ids[0]} ({len(ids)} tasks: {ids[0]}-{ids[-1]})")
+            if wait:
+                raise SystemExit(_wait_and_print(c, result["job_ids"], json_out))
+    except ClientError as e:
+        fail(e)
+
+
+def _wait_and_print(c: LocalClient, job_ids: list[int], json_out: bool) -> int:
+    status = 0
+    jobs = []
+    for jid in job_ids:
+        offset = 0
+        while True:
+            chunk = c.log(jid, offset)
+            if chunk["data"] and not json_out:
+                sys.stdout.write(chunk["data"])
+                sys.stdout.flush()
+            offset = chunk["offset"]
+            if chunk["final"] and not chunk["data"]:
+                break
+            if not chunk["data"]:
+                time.sleep(0.2)
+        job = c.job(jid)
+        jobs.append(job)
+        if not json_out:
+            err.print(f"job {jid} {job['state']}" + (f" (exit {job['exit_code']})" if job["exit_code"] is not None else "")
+                      + (f": {job['reason']}" if job["reason"] else ""), markup=False)
+        if job["state"] != "completed":
+            status = job["exit_code"] if job["exit_code"] else 1
+    if json_out:
+        print_json(jobs if len(jobs) > 1 else jobs[0])
+    return status
+
+
+@app.command("list")
+def list_jobs(
+    active: bool = typer.Option(False, "--active", help="only queued and running jobs"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Your jobs."""
+    try:
+        with _client() as c:
+            jobs = c.jobs(active_only=active)
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(jobs)
+        return
+    table = Table("ID", "NAME", "STATE", "NODES", "GPUS", "SUBMITTED", "EXIT", "REASON", box=None)
+    for j in jobs:
+        table.add_row(str(j["id"]), j["name"], j["state"], ",".join(j["nodes"]) or "-", _gpu_text(j),
+                      when(j["submitted_at"]), "-" if j["exit_code"] is None else str(j["exit_code"]),
+                      j["reason"] or "")
+    out.print(table)
+
+
+@app.command()
+def show(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
+    """One job in full, with why it waits or failed."""
+    try:
+        with _client() as c:
+            j = c.job(job_id)
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(j)
+        return
+    spec = j["spec"]
+    rows = [
+        ("id", j["id"]), ("name", j["name"]), ("tenant", j["tenant"]), ("state", j["state"]),
+        ("reason", j["reason"] or "-"), ("exit code", j["exit_code"]),
+        ("nodes", ",".join(j["nodes"]) or "-"), ("gpus", _gpu_text(j)),
+        ("gpu mode", spec["gpu_mode"]), ("cpus", spec["cpus"] or "-"), ("mem", size(spec["mem_bytes"])),
+        ("vram", size(spec["vram_bytes"])), ("submitted", when(j["submitted_at"])),
+        ("started", when(j["started_at"])), ("ended", when(j["ended_at"])),
+        ("enforced", ", ".join(f"{k}={v}" for k, v in j["enforced"].items()) or "-"),
+        ("log", j["log_path"]),
+    ]
+    if j["array_index"] is not None:
+        rows.insert(2, ("array", f"{j['array_parent']}[{j['array_index']}]"))
+    for k, v in rows:
+        out.print(f"{k:>10}  {v}", markup=False)
+
+
+@app.command()
+def cancel(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Cancel a job (an array's id cancels all its tasks); its whole process tree is stopped."""
+    try:
+        with _client() as c:
+            r = c.cancel(job_id)
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(r)
+    else:
+        out.print(f"cancelled {', '.join(map(str, r['cancelled']))}")
+
+
+@app.command()
+def logs(job_id: int, follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the job ends")) -> None:
+    """Print a job's output (stdout and stderr)."""
+    try:
+        with _client() as c:
+            offset = 0
+            while True:
+                chunk = c.log(job_id, offset)
+                sys.stdout.write(chunk["data"])
+                sys.stdout.flush()
+                offset = chunk["offset"]
+                if not follow or (chunk["final"] and not chunk["data"]):
+                    break
+                if not chunk["data"]:
+                    time.sleep(0.25)
+    except ClientError as e:
+        fail(e)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""mtgpu-server: run this node in the foreground (the service manager keeps it running)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mtgpu-server", description=__doc__)
+    parser.add_argument("--config", help="the TOML config (default: $MTGPU_CONFIG, else /etc/mtgpu/mtgpu.toml)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"mtgpu-server: the config cannot be used:\n{e}", file=sys.stderr)
+        return 2
+    from ..server.main import run_node  # heavy imports only after the config is good
+
+    return run_node(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

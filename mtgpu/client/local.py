@@ -1,0 +1,106 @@
+"""Typed client for a node's API over its Unix socket (identity by peer credentials).
+
+The socket is found through MTGPU_SOCKET, else the STATE_DIR of the config named by
+MTGPU_CONFIG, else the default config /etc/mtgpu/mtgpu.toml, else /var/lib/mtgpu.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+import httpx
+
+DEFAULT_CONFIG = "/etc/mtgpu/mtgpu.toml"
+DEFAULT_STATE_DIR = "/var/lib/mtgpu"
+
+
+class ClientError(Exception):
+    """The node answered with an error, or could not be reached; the message says which."""
+
+    def __init__(self, message: str, status: int = 0, refused: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.refused = refused
+
+
+def find_socket(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    if env.get("MTGPU_SOCKET"):
+        return env["MTGPU_SOCKET"]
+    config_path = env.get("MTGPU_CONFIG") or DEFAULT_CONFIG
+    state_dir = DEFAULT_STATE_DIR
+    try:
+        with open(config_path, "rb") as f:
+            state_dir = tomllib.load(f).get("STATE_DIR", DEFAULT_STATE_DIR)
+    except (OSError, tomllib.TOMLDecodeError):
+        pass
+    return str(Path(state_dir) / "mtgpu.sock")
+
+
+class LocalClient:
+    def __init__(self, socket_path: str | None = None, timeout_s: float = 30.0) -> None:
+        self.socket_path = socket_path or find_socket()
+        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=self.socket_path),
+                                  base_url="http://mtgpu", timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "LocalClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kw) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError) as e:
+            raise ClientError(
+                f"cannot reach the mtgpu node at {self.socket_path} ({e}); is mtgpu-server running? "
+                "Set MTGPU_SOCKET or MTGPU_CONFIG if it uses another STATE_DIR"
+            ) from None
+        except httpx.HTTPError as e:
+            raise ClientError(f"talking to the node at {self.socket_path} failed: {e}") from None
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+            except ValueError:
+                body = {"error": r.text}
+            msg = body.get("error") or body.get("detail") or r.text
+            raise ClientError(str(msg), status=r.status_code, refused=bool(body.get("refused")))
+        return r.json()
+
+    # ---------------------------------------------------------------- calls
+    def health(self) -> dict:
+        return self._call("GET", "/v1/health")
+
+    def whoami(self) -> dict:
+        return self._call("GET", "/v1/whoami")
+
+    def submit(self, script: str, overrides: dict[str, str] | None = None, workdir: str | None = None) -> dict:
+        return self._call("POST", "/v1/jobs", json={"script": script, "overrides": overrides or {}, "workdir": workdir})
+
+    def jobs(self, all_tenants: bool = False, active_only: bool = False) -> list[dict]:
+        return self._call("GET", "/v1/jobs", params={"all": all_tenants, "active": active_only})
+
+    def job(self, job_id: int) -> dict:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: int) -> dict:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def log(self, job_id: int, offset: int = 0) -> dict:
+        return self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset})
+
+    def nodes(self) -> list[dict]:
+        return self._call("GET", "/v1/nodes")
+
+    def drain(self, node: str, reason: str = "") -> dict:
+        return self._call("POST", f"/v1/nodes/{node}/drain", json={"reason": reason})
+
+    def resume(self, node: str) -> dict:
+        return self._call("POST", f"/v1/nodes/{node}/resume")

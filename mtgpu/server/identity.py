@@ -1,0 +1,86 @@
+"""Who is calling: the kernel says, through the Unix socket's peer credentials.
+
+Tenants on a node are identified by SO_PEERCRED, so they need no token and no
+password. The uvicorn protocol below records the peer of each connection in the
+per-connection ASGI `state`, where routes read it as `request.state.peer`.
+"""
+
+from __future__ import annotations
+
+import grp
+import pwd
+import socket
+import struct
+from dataclasses import dataclass
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    uid: int
+    gid: int
+    pid: int
+    name: str
+    is_admin: bool
+
+    @property
+    def tenant(self) -> str:
+        return self.name
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)
+
+
+class PeerCredProtocol(H11Protocol):
+    """uvicorn's h11 protocol, plus the peer's credentials in the request state."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        peer = None
+        if sock is not None and sock.family == socket.AF_UNIX:
+            try:
+                peer = peer_credentials(sock)
+            except OSError:
+                peer = None
+        # app_state is copied into every request's scope["state"]; make it per connection.
+        self.app_state = {**self.app_state, "peer": peer}
+
+
+def caller_from_peer(peer: tuple[int, int, int] | None, admin_group: str) -> Caller | None:
+    if peer is None:
+        return None
+    pid, uid, gid = peer
+    try:
+        pw = pwd.getpwuid(uid)
+        name = pw.pw_name
+    except KeyError:
+        pw, name = None, f"uid{uid}"
+    return Caller(uid=uid, gid=gid, pid=pid, name=name, is_admin=uid == 0 or _in_group(uid, name, gid, admin_group))
+
+
+def _in_group(uid: int, name: str, gid: int, group: str) -> bool:
+    try:
+        g = grp.getgrnam(group)
+    except KeyError:
+        return False
+    return g.gr_gid == gid or name in g.gr_mem
+
+
+def supplementary_groups(name: str, gid: int) -> tuple[int, ...]:
+    """The OS groups of a tenant besides its primary group (for the job process)."""
+    try:
+        return tuple(sorted({g.gr_gid for g in grp.getgrall() if name in g.gr_mem} - {gid}))
+    except OSError:
+        return ()
+
+
+def home_of(uid: int, default: str) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return default

@@ -1,0 +1,79 @@
+"""Build the scheduler's view of the cluster: durable commitments from the state
+machine, plus the latest soft telemetry each node reported (never journaled)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob
+from ..model.gpu import GpuInfo, HostInfo, normalize_model
+from ..model.job import JobState
+from ..state.machine import StateMachine
+
+
+@dataclass(slots=True)
+class NodeTelemetry:
+    """The last report of one node (soft state, in memory only)."""
+
+    gpus: list[GpuInfo] = field(default_factory=list)
+    host: HostInfo | None = None
+    reported_at: float = 0.0
+
+
+def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry],
+                   down: dict[str, str] | None = None) -> ClusterSnapshot:
+    down = down or {}
+    nodes = []
+    for rec in machine.nodes.values():
+        commit = machine.commitment(rec.name)
+        measured = telemetry.get(rec.name)
+        measured_gpus = {g.index: g for g in measured.gpus} if measured else {}
+        gpus = []
+        for inv in rec.gpus:
+            c = commit.gpus.get(inv.index)
+            m = measured_gpus.get(inv.index)
+            gpus.append(GpuView(
+                index=inv.index,
+                vendor=inv.vendor,
+                model=normalize_model(inv.model),
+                vram_total_bytes=inv.vram_total_bytes,
+                vram_used_measured_bytes=m.vram_used_bytes if m else 0,
+                utilization_pct=m.utilization_pct if m else 0.0,
+                committed_fraction=c.fraction if c else 0.0,
+                committed_vram_bytes=c.vram_bytes if c else 0,
+                exclusive=bool(c and c.exclusive),
+                shared_jobs=c.shared if c else 0,
+                oversubscribed_jobs=c.oversubscribed if c else 0,
+            ))
+        reason = rec.drain_reason if rec.drained else down.get(rec.name, "")
+        nodes.append(NodeView(
+            name=rec.name,
+            gpus=gpus,
+            cpus_total=rec.cpus,
+            mem_total_bytes=rec.mem_total_bytes,
+            cpus_committed=commit.cpus,
+            mem_committed_bytes=commit.mem_bytes,
+            mem_available_measured_bytes=measured.host.mem_available_bytes if measured and measured.host else None,
+            schedulable=not reason,
+            unschedulable_reason=reason,
+        ))
+    return ClusterSnapshot(nodes=nodes)
+
+
+def build_queue(machine: StateMachine) -> list[PendingJob]:
+    running_per_array: dict[int, int] = {}
+    for job in machine.running_jobs():
+        if job.array_parent is not None:
+            running_per_array[job.array_parent] = running_per_array.get(job.array_parent, 0) + 1
+    return [
+        PendingJob(
+            job_id=job.id,
+            tenant=job.tenant,
+            spec=job.spec,
+            submitted_at=job.submitted_at,
+            array_parent=job.array_parent,
+            running_in_array=running_per_array.get(job.array_parent, 0) if job.array_parent is not None else 0,
+        )
+        for job in machine.queued_jobs()
+        if job.state is JobState.QUEUED
+    ]

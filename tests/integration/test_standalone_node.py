@@ -1,0 +1,219 @@
+"""A standalone node end to end: the real server, the real mt-job CLI run as real
+users, real job processes (issue 2's "done when" list)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.node import running_node, wait_for
+from tests.support.users import can_create_users, temp_user
+
+pytestmark = pytest.mark.integration
+
+if can_create_users():
+    pytest.skip(can_create_users(), allow_module_level=True)
+
+RTX2 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
+RTX1 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 1}]
+
+
+@pytest.fixture(scope="module")
+def alice():
+    with temp_user("mta") as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def bob():
+    with temp_user("mtb") as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def node2():
+    with running_node(RTX2) as node:
+        yield node
+
+
+def read_log(node, user, job_id) -> str:
+    r = node.mt_job(user, "logs", str(job_id))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_job_runs_as_the_submitting_user_and_sees_only_its_gpu(node2, alice):
+    script = "#!/bin/bash\n#MTGPU gpus=1 name=whoami\necho uid=$(id -u) gid=$(id -g)\necho cuda=$CUDA_VISIBLE_DEVICES\necho job=$MTGPU_JOB_ID node=$MTGPU_NODE\n"
+    jid = node2.submit_json(alice, script=script)["job_id"]
+    job = node2.wait_state(jid, "completed")
+    assert job["tenant"] == alice.name and job["exit_code"] == 0
+    out = read_log(node2, alice, jid)
+    assert f"uid={alice.uid} gid={alice.gid}" in out
+    assert job["gpus"] and len(job["gpus"]) == 1
+    assert f"cuda={job['gpus'][0]['index']}\n" in out
+    assert f"job={jid} node=node-a" in out
+    st = os.stat(job["log_path"])
+    assert (st.st_uid, st.st_gid) == (alice.uid, alice.gid)
+    assert stat.S_IMODE(st.st_mode) & 0o077 == 0
+
+
+def test_cpu_only_job_sees_no_gpu(node2, alice):
+    jid = node2.submit_json(alice, "--wrap", 'echo "cuda=[$CUDA_VISIBLE_DEVICES]"')["job_id"]
+    node2.wait_state(jid, "completed")
+    assert "cuda=[]" in read_log(node2, alice, jid)
+
+
+def test_three_exclusive_jobs_on_two_gpus_two_run_one_waits_all_finish(node2, alice, tmp_path):
+    flag = Path(alice.home) / "go"
+    script = f"#!/bin/bash\n#MTGPU gpus=1\nwhile [ ! -e {flag} ]; do sleep 0.05; done\necho done\n"
+    ids = [node2.submit_json(alice, script=script)["job_id"] for _ in range(3)]
+    wait_for("two jobs running", lambda: sum(node2.job(i)["state"] == "running" for i in ids) == 2)
+    time.sleep(0.5)  # give a wrong scheduler the chance to start the third
+    states = [node2.job(i) for i in ids]
+    assert sorted(j["state"] for j in states) == ["queued", "running", "running"]
+    waiting = next(j for j in states if j["state"] == "queued")
+    assert "GPU" in waiting["reason"] or "gpu" in waiting["reason"]
+    used = {g["index"] for j in states if j["state"] == "running" for g in j["gpus"]}
+    assert used == {0, 1}
+    flag.touch()
+    for i in ids:
+        assert node2.wait_state(i, {"completed", "failed"})["state"] == "completed"
+    flag.unlink()
+
+
+def test_shared_jobs_share_a_gpu_only_where_vram_fits(alice):
+    with running_node(RTX1) as node:
+        flag = Path(alice.home) / "go-shared"
+        script = f"#!/bin/bash\n#MTGPU gpus=1 gpu-mode=shared vram=10G\nwhile [ ! -e {flag} ]; do sleep 0.05; done\n"
+        ids = [node.submit_json(alice, script=script)["job_id"] for _ in range(3)]
+        wait_for("two shared jobs running", lambda: sum(node.job(i)["state"] == "running" for i in ids) == 2)
+        time.sleep(0.5)
+        jobs = [node.job(i) for i in ids]
+        assert sorted(j["state"] for j in jobs) == ["queued", "running", "running"]
+        running = [j for j in jobs if j["state"] == "running"]
+        assert {g["index"] for j in running for g in j["gpus"]} == {0}
+        assert all(g["mode"] == "shared" and g["vram_bytes"] == 10 * 1024**3 for j in running for g in j["gpus"])
+        flag.touch()
+        for i in ids:
+            assert node.wait_state(i, {"completed", "failed"})["state"] == "completed"
+        flag.unlink()
+
+
+def test_impossible_request_exits_2_with_the_reason(node2, alice):
+    r = node2.mt_job(alice, "submit", "--gpus", "h200:1", "--wrap", "true")
+    assert r.returncode == 2
+    assert "h200" in r.stderr and "refused" in r.stderr
+    r = node2.mt_job(alice, "submit", "--gpus", "3", "--wrap", "true")
+    assert r.returncode == 2 and "refused" in r.stderr
+
+
+def test_malformed_job_file_names_the_line_and_directive(node2, alice):
+    script = "#!/bin/bash\n#MTGPU name=bad\n#MTGPU gpus=rtx4090:x\necho hi\n"
+    r = node2.mt_job(alice, "submit", "-", input=script)
+    assert r.returncode == 2
+    assert "line 3" in r.stderr and "gpus" in r.stderr
+
+
+def test_tenants_cannot_see_cancel_or_read_each_others_jobs(node2, alice, bob):
+    flag = Path(alice.home) / "go-private"
+    jid = node2.submit_json(alice, script=f"#!/bin/bash\necho secret-of-alice\nwhile [ ! -e {flag} ]; do sleep 0.05; done\n")["job_id"]
+    job = node2.wait_state(jid, "running")
+    listed = json.loads(node2.mt_job(bob, "list", "--json").stdout)
+    assert jid not in [j["id"] for j in listed]
+    for args in (("show", str(jid)), ("cancel", str(jid)), ("logs", str(jid))):
+        r = node2.mt_job(bob, *args)
+        assert r.returncode != 0 and "secret-of-alice" not in r.stdout, args
+    # Nor by reading the file directly.
+    wait_for("alice's log to have output", lambda: "secret" in Path(job["log_path"]).read_text())
+    r = node2.run_cli("mtgpu.cli.job", bob, "--help")  # sanity: bob can run the CLI
+    assert r.returncode == 0
+    import subprocess
+
+    cat = subprocess.run(["cat", job["log_path"]], user=bob.uid, group=bob.gid, extra_groups=[],
+                         capture_output=True, text=True)
+    assert cat.returncode != 0 and "secret" not in cat.stdout
+    assert node2.job(jid)["state"] == "running"
+    # The owner can cancel it; root sees everything.
+    all_jobs = json.loads(node2.admin("jobs", "--json").stdout)
+    assert jid in [j["id"] for j in all_jobs]
+    assert node2.mt_job(alice, "cancel", str(jid)).returncode == 0
+    assert node2.wait_state(jid, "cancelled")
+
+
+def _processes_with_env(marker: str) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                    pids.append(int(pid))
+            except OSError:
+                pass
+    return pids
+
+
+def test_cancel_leaves_no_process_of_a_forking_job_behind(node2, alice):
+    marker = f"MTGPU_TEST_MARK=fork{os.getpid()}"
+    script = (
+        "#!/bin/bash\n"
+        f"export {marker}\n"
+        "sleep 300 &\n"
+        "( sleep 300 & sleep 300 ) &\n"
+        "setsid bash -c 'sleep 300' &\n"
+        "echo forked\n"
+        "wait\n"
+    )
+    jid = node2.submit_json(alice, script=script)["job_id"]
+    node2.wait_state(jid, "running")
+    wait_for("the job's children to exist", lambda: len(_processes_with_env(marker)) >= 4)
+    r = node2.mt_job(alice, "cancel", str(jid))
+    assert r.returncode == 0, r.stderr
+    assert node2.wait_state(jid, "cancelled")
+    wait_for("every process of the cancelled job to be gone", lambda: not _processes_with_env(marker), timeout_s=15)
+
+
+def test_time_limit_stops_the_job(node2, alice):
+    jid = node2.submit_json(alice, "--time", "2s", "--wrap", "sleep 120")["job_id"]
+    job = node2.wait_state(jid, {"failed", "completed"}, timeout_s=30)
+    assert job["state"] == "failed" and "time limit" in job["reason"]
+
+
+def test_exit_status_is_recorded(node2, alice):
+    jid = node2.submit_json(alice, "--wrap", "exit 7")["job_id"]
+    job = node2.wait_state(jid, {"failed", "completed"})
+    assert job["state"] == "failed" and job["exit_code"] == 7
+
+
+def test_kill_9_with_jobs_queued_loses_nothing_and_runs_nothing_twice(alice):
+    with running_node(RTX1) as node:
+        marks = Path(alice.home) / "marks"
+        marks.mkdir()
+        os.chown(marks, alice.uid, alice.gid)
+        script = f"#!/bin/bash\n#MTGPU gpus=1\necho $MTGPU_JOB_ID >> {marks}/$MTGPU_JOB_ID\nsleep 0.3\n"
+        ids = [node.submit_json(alice, script=script)["job_id"] for _ in range(8)]
+        node.wait_state(ids[0], {"running", "completed"})
+        node.kill9()
+        node.start()
+        for i in ids:
+            assert node.wait_state(i, {"completed", "failed", "lost", "cancelled"}, timeout_s=60)["state"] == "completed"
+        for i in ids:
+            assert (marks / str(i)).read_text().splitlines() == [str(i)], f"job {i} ran more than once"
+
+
+def test_a_running_job_is_reattached_after_kill_9(alice):
+    with running_node(RTX1) as node:
+        flag = Path(alice.home) / "go-reattach"
+        jid = node.submit_json(alice, script=f"#!/bin/bash\nwhile [ ! -e {flag} ]; do sleep 0.05; done\nexit 3\n")["job_id"]
+        node.wait_state(jid, "running")
+        node.kill9()
+        node.start()
+        assert node.job(jid)["state"] == "running"
+        flag.touch()
+        job = node.wait_state(jid, {"failed", "completed", "lost"})
+        assert job["state"] == "failed" and job["exit_code"] == 3
+        flag.unlink()

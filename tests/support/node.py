@@ -1,0 +1,204 @@
+"""A real `mtgpu-server` process for integration tests, and CLIs run as real users.
+
+    with running_node(gpus=[{"model": "rtx4090", "vram": "24G", "count": 2}]) as node:
+        r = node.mt_job(user, "submit", "--json", "--wrap", "nvidia-smi")
+
+STATE_DIR lives under a world-traversable folder in /tmp (tenants reach the socket and
+their logs). On exit the node's jobs are cancelled, the server is stopped by its PID,
+and the folder is removed, also when the test failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from mtgpu.client.local import ClientError, LocalClient
+
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, check: Callable[[], object], timeout_s: float = 20.0, interval_s: float = 0.05):
+    """Poll `check` until it returns something truthy; fail saying what was awaited."""
+    deadline = time.monotonic() + timeout_s
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - reported if the deadline passes
+            last_error = e
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(v)
+
+
+def write_config(path: Path, settings: dict, gpus: list[dict]) -> None:
+    lines = [f"{k} = {toml_value(v)}" for k, v in settings.items()]
+    for g in gpus:
+        lines.append("\n[[SIMULATED_GPUS]]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in g.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@dataclass
+class Node:
+    base: Path
+    config_path: Path
+    state_dir: Path
+    socket_path: Path
+    port: int
+    proc: subprocess.Popen | None = None
+    log_files: list[Path] = field(default_factory=list)
+
+    # ------------------------------------------------------------ process
+    def start(self, timeout_s: float = 30.0) -> None:
+        log_path = self.base / f"server-{len(self.log_files)}.log"
+        self.log_files.append(log_path)
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen([PYTHON, "-m", "mtgpu.cli.server", "--config", str(self.config_path)],
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"mtgpu-server exited with {self.proc.returncode}:\n{self.server_log()}")
+            with LocalClient(str(self.socket_path), timeout_s=2) as c:
+                return c.health()["ok"]
+
+        wait_for("the server's socket to answer", up, timeout_s)
+
+    def server_log(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.log_files if p.exists())
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    # ------------------------------------------------------------ clients
+    def client(self) -> LocalClient:
+        return LocalClient(str(self.socket_path))
+
+    def env_for(self, home: str = "/") -> dict[str, str]:
+        return {"MTGPU_SOCKET": str(self.socket_path), "PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
+                "COLUMNS": "200"}
+
+    def run_cli(self, module: str, user, *args: str, input: str | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess:
+        kw = {}
+        if user is not None:
+            kw = {"user": user.uid, "group": user.gid, "extra_groups": [], "cwd": user.home}
+        return subprocess.run([PYTHON, "-m", module, *args], env=self.env_for(user.home if user else "/root"),
+                              capture_output=True, text=True, input=input, timeout=timeout_s, **kw)
+
+    def mt_job(self, user, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run_cli("mtgpu.cli.job", user, *args, **kw)
+
+    def admin(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run_cli("mtgpu.cli.admin", None, *args, **kw)
+
+    def submit_json(self, user, *args: str, script: str | None = None) -> dict:
+        if script is not None:
+            r = self.mt_job(user, "submit", "--json", *args, "-", input=script)
+        else:
+            r = self.mt_job(user, "submit", "--json", *args)
+        assert r.returncode == 0, f"submit failed ({r.returncode}): {r.stderr}\n{self.server_log()}"
+        return json.loads(r.stdout)
+
+    def job(self, job_id: int) -> dict:
+        with self.client() as c:
+            return c.job(job_id)
+
+    def wait_state(self, job_id: int, states: set[str] | str, timeout_s: float = 30.0) -> dict:
+        states = {states} if isinstance(states, str) else states
+        return wait_for(f"job {job_id} to reach {sorted(states)}",
+                        lambda: (j := self.job(job_id))["state"] in states and j, timeout_s)
+
+    def cancel_everything(self) -> None:
+        with contextlib.suppress(ClientError, OSError), self.client() as c:
+            for j in c.jobs(all_tenants=True, active_only=True):
+                with contextlib.suppress(ClientError):
+                    c.cancel(j["id"])
+
+
+def kill_leftover_runs(state_dir: Path) -> None:
+    """Last resort: kill job processes this node started (found by its run records), by PID."""
+    runs = state_dir / "runs"
+    if not runs.is_dir():
+        return
+    for record in runs.glob("*/*.json"):
+        with contextlib.suppress(Exception):
+            data = json.loads(record.read_text())
+            for key in ("pid", "shim_pid", "child_pid"):
+                pid = data.get(key)
+                if isinstance(pid, int) and pid > 1:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_node(gpus: list[dict] | None = None, name: str = "node-a", start: bool = True, **settings) -> Iterator[Node]:
+    base = Path(tempfile.mkdtemp(prefix="mtgpu-it-"))
+    os.chmod(base, 0o755)
+    state_dir = base / "state"
+    port = free_port()
+    config = {
+        "NODE_NAME": name,
+        "LISTEN": f"127.0.0.1:{port}",
+        "STATE_DIR": str(state_dir),
+        "GPU_BACKEND": "simulated",
+        "TENANT_HOME_ROOT": str(base / "homes"),
+        **settings,
+    }
+    config_path = base / "mtgpu.toml"
+    write_config(config_path, config, gpus or [])
+    node = Node(base, config_path, state_dir, state_dir / "mtgpu.sock", port)
+    try:
+        if start:
+            node.start()
+        yield node
+    finally:
+        if node.proc is not None and node.proc.poll() is None:
+            node.cancel_everything()
+        node.terminate()
+        kill_leftover_runs(state_dir)
+        shutil.rmtree(base, ignore_errors=True)
