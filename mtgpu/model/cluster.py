@@ -46,9 +46,23 @@ class NodeView:
     unschedulable_reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class RunningAlloc:
+    """A job running now, for backfill: what it holds and when it will end at the latest.
+
+    `ends_at` is its start plus its `time=` limit; None when it has no limit (then
+    nothing may be promised about when its resources free)."""
+
+    job_id: int
+    allocations: tuple[NodeAllocation, ...] = ()
+    ends_at: float | None = None
+
+
 @dataclass(slots=True)
 class ClusterSnapshot:
     nodes: list[NodeView] = field(default_factory=list)
+    # Running jobs with their latest end times (for backfill); empty = no promises.
+    running: list[RunningAlloc] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -94,5 +108,6 @@ __all__ = [
     "PendingJob",
     "Placement",
     "Plan",
+    "RunningAlloc",
     "TenantUsage",
 ]
