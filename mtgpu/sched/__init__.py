@@ -2,7 +2,9 @@
 
 No I/O, no clock (time is an argument), no logging: the same inputs give the same
 plan. `check_satisfiable(spec, snapshot)` is the third verdict, the reason a
-request could never run on this cluster.
+request could never run on this cluster. `Scheduler` is the incremental engine
+`schedule()` wraps; benchmarks drive it directly, one placement at a time.
+See docs/SCHEDULING.md for the rules, the queue-order formula and backfill.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from mtgpu.model.cluster import ClusterSnapshot, PendingJob, Plan, TenantUsage
 
 from .engine import Scheduler
+from .request import RankRequest, rank_requests
 from .satisfiable import check_satisfiable
 
 
@@ -23,4 +26,4 @@ def schedule(
     return Scheduler(snapshot).run(queue, now, usage)
 
 
-__all__ = ["Scheduler", "check_satisfiable", "schedule"]
+__all__ = ["RankRequest", "Scheduler", "check_satisfiable", "rank_requests", "schedule"]

@@ -1,108 +1,343 @@
-"""The scheduling pass: places a queue on a working copy of the cluster."""
+"""The scheduling engine: an incremental, vectorized placer behind `schedule()`.
+
+`Scheduler(snapshot)` copies the snapshot into a working state (python NodeStates,
+the reference for every fit rule, mirrored by numpy arrays in `Fleet`). For each
+distinct rank request it caches a score per node (FGD value gain, -inf where the
+request does not fit); a placement changes one node, so the next request of that
+kind recomputes one row, not the cluster. `place()` is the one code path that
+both a scheduling pass (`run`) and the trace benchmark use.
+"""
 
 from __future__ import annotations
 
-from mtgpu.model.cluster import ClusterSnapshot, PendingJob, Placement, Plan, TenantUsage
-from mtgpu.model.job import JobSpec, NodeAllocation
+import bisect
+import math
 
-from .nodefit import NodeState
+import numpy as np
+
+from mtgpu.model.cluster import ClusterSnapshot, PendingJob, Placement, Plan, TenantUsage
+from mtgpu.model.job import GpuMode, JobSpec, NodeAllocation
+
+from .fleet import Fleet
+from .frag import FragModel, shapes_from_queue
 from .order import QueueOrder
 from .reasons import join_node_reasons
 from .request import RankRequest, rank_requests
 from .satisfiable import check_satisfiable
 
+NEG = -np.inf
+TIE_EPS = 1e-9
+REASON_SCAN_LIMIT = 64  # nodes examined by name for a pending reason on big clusters
+RESERVATION_DEPTH = 16  # blocked jobs per pass that get a computed start time
+_HASH = 0x9E3779B1  # Fibonacci hashing of the job id picks among equally good nodes
+
+
+class _Scores:
+    __slots__ = ("score", "gpu", "pos")
+
+    def __init__(self, n: int) -> None:
+        self.score = np.full(n, NEG)
+        self.gpu = np.full(n, -1, dtype=np.int64)
+        self.pos = 0
+
 
 class Scheduler:
-    """A working copy of the cluster's capacity that jobs are placed on, one at a time.
+    """A working copy of the cluster that jobs are placed on one at a time."""
 
-    Every placement updates the copy, so two jobs of one pass never double-book."""
-
-    def __init__(self, snapshot: ClusterSnapshot) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, workload: list[tuple[RankRequest, float]] | None = None) -> None:
         self.snapshot = snapshot
-        self.nodes = [NodeState(n) for n in snapshot.nodes]
-        self.by_name = {n.name: n for n in self.nodes}
-        self._sat_cache: dict[JobSpec, str | None] = {}
+        self.fleet = Fleet(snapshot)
+        self._explicit_workload = workload is not None
+        self.set_workload(workload if workload is not None else shapes_from_queue(()))
+        self._never_cache: dict[JobSpec, str | None] = {}
+        self._able_cache: dict[JobSpec, np.ndarray] = {}
+        self._reqs_cache: dict[JobSpec, list[RankRequest]] = {}
+        # (ends_at, allocations) of running jobs with a known end, sorted, for backfill
+        self._events: list[tuple[float, int, tuple[NodeAllocation, ...]]] = sorted(
+            (r.ends_at, r.job_id, r.allocations) for r in snapshot.running if r.ends_at is not None
+        )
 
-    # ---- verdicts --------------------------------------------------------------
+    # ---- workload and scores --------------------------------------------------
+
+    def set_workload(self, shapes: list[tuple[RankRequest, float]]) -> None:
+        """The kinds of jobs to keep room for (FGD's target workload)."""
+        f = self.fleet
+        self.frag = FragModel(f, shapes)
+        self.value = self.frag.value(f.left, f.gmodel, f.cpus_free, f.mem_usable.astype(np.float64))
+        self._scores: dict[RankRequest, _Scores] = {}
+
+    def _refresh(self, row: int) -> None:
+        f = self.fleet
+        f.refresh(row)
+        r = slice(row, row + 1)
+        self.value[row] = self.frag.value(f.left[r], f.gmodel[r], f.cpus_free[r], f.mem_usable[r].astype(np.float64))[0]
+
+    def scores(self, req: RankRequest) -> _Scores:
+        """Per node: how good a home for one rank of `req` now (-inf: does not fit)."""
+        s = self._scores.get(req)
+        log = self.fleet.log
+        if s is None:
+            s = self._scores[req] = _Scores(self.fleet.n)
+            self._compute(req, s, np.arange(self.fleet.n))
+            s.pos = len(log)
+        elif s.pos < len(log):
+            changed = log[s.pos:]
+            rows = np.unique(np.array(changed, dtype=np.int64)) if len(changed) > 1 else np.array(changed)
+            self._compute(req, s, rows)
+            s.pos = len(log)
+        return s
+
+    def _compute(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
+        f = self.fleet
+        host = f.host_ok(req, rows)
+        left = f.left[rows]
+        gmodel = f.gmodel[rows]
+        cpu = f.cpus_free[rows] - req.cpus
+        mem = f.mem_usable[rows].astype(np.float64) - req.mem_bytes
+        old = self.value[rows]
+        if not req.gpu_count:
+            gain = self.frag.value(left, gmodel, cpu, mem) - old
+            s.score[rows] = np.where(host, gain, NEG)
+            s.gpu[rows] = -1
+            return
+        ok = f.gpu_ok(req, rows)
+        fits = host & (ok.sum(axis=1) >= req.gpu_count)
+        if req.mode == GpuMode.OVERSUBSCRIBE:
+            load = np.where(ok, f.load[rows], np.inf)
+            s.gpu[rows] = np.argmin(load, axis=1)
+            s.score[rows] = np.where(fits, -load.min(axis=1, initial=np.inf), NEG)
+            return
+        share = self._share(req, rows)
+        if req.gpu_count == 1 and req.mode == GpuMode.SHARED:
+            # one candidate state per GPU the share could go to
+            r, g = left.shape
+            cand = left[:, None, :] - np.eye(g)[None, :, :] * share[:, :, None]
+            v = self.frag.value(cand.reshape(r * g, g), np.repeat(gmodel, g, axis=0),
+                                np.repeat(cpu, g), np.repeat(mem, g)).reshape(r, g)
+            v = np.where(ok, v, NEG)
+            best = np.argmax(v, axis=1)
+            s.gpu[rows] = best
+            s.score[rows] = np.where(fits, v[np.arange(r), best] - old, NEG)
+            return
+        take = ok & (np.cumsum(ok, axis=1) <= req.gpu_count)
+        after = left - take * share
+        gain = self.frag.value(after, gmodel, cpu, mem) - old
+        s.score[rows] = np.where(fits, gain, NEG)
+        s.gpu[rows] = -1
+
+    def _share(self, req: RankRequest, rows: np.ndarray) -> np.ndarray:
+        """Per GPU slot: the share of it one GPU of `req` takes."""
+        f = self.fleet
+        if req.mode == GpuMode.SHARED and req.vram_bytes is not None:
+            total = f.vram_total[rows]
+            return np.where(total > 0, np.minimum(1.0, req.vram_bytes / np.maximum(total, 1)), 1.0)
+        if req.mode == GpuMode.SHARED and req.fraction < 1.0:
+            return np.full(f.left[rows].shape, req.fraction)
+        return f.left[rows]  # a whole GPU takes what is left of it (all of an idle one)
+
+    # ---- verdicts ---------------------------------------------------------------
+
+    def requests(self, spec: JobSpec) -> list[RankRequest]:
+        r = self._reqs_cache.get(spec)
+        if r is None:
+            r = self._reqs_cache[spec] = rank_requests(spec)
+        return r
+
+    def able(self, spec: JobSpec) -> np.ndarray:
+        """Per node: could it ever host one rank of `spec` (any alternative)?"""
+        m = self._able_cache.get(spec)
+        if m is None:
+            m = np.zeros(self.fleet.n, dtype=bool)
+            for req in self.requests(spec):
+                m |= self.fleet.able(req)
+            if spec.server is not None:
+                only = np.zeros(self.fleet.n, dtype=bool)
+                row = self.fleet.row_of.get(spec.server)
+                if row is not None:
+                    only[row] = True
+                m &= only
+            self._able_cache[spec] = m
+        return m
 
     def never_fits(self, spec: JobSpec) -> str | None:
-        try:
-            return self._sat_cache[spec]
-        except KeyError:
-            r = self._sat_cache[spec] = check_satisfiable(spec, self.snapshot)
-            return r
+        """The reject reason (check_satisfiable), with a vectorized fast path for "fits"."""
+        if spec in self._never_cache:
+            return self._never_cache[spec]
+        if spec.nodes >= 1 and (spec.server is None or (spec.server in self.fleet.row_of and spec.nodes == 1)) \
+                and int(self.able(spec).sum()) >= spec.nodes:
+            r = None
+        else:
+            r = check_satisfiable(spec, self.snapshot)
+        self._never_cache[spec] = r
+        return r
 
     # ---- placing ---------------------------------------------------------------
 
-    def _candidates(self, spec: JobSpec) -> list[NodeState]:
-        if spec.server is not None:
-            n = self.by_name.get(spec.server)
-            return [n] if n is not None else []
-        return self.nodes
+    def place(self, spec: JobSpec, job_id: int = 0, forbid: np.ndarray | None = None) -> tuple[NodeAllocation, ...] | None:
+        """Place every rank of one job now and commit it to the working copy, or None.
 
-    def place(self, spec: JobSpec, job_id: int = 0) -> tuple[NodeAllocation, ...] | None:
-        """Place one job now (all ranks) and commit it to the working copy, or None."""
-        for req in rank_requests(spec):
-            allocs = self._place_ranks(spec, req)
+        `forbid` marks nodes this job may not use (held for a blocked job ahead of it)."""
+        for req in self.requests(spec):
+            allocs = self._place_ranks(spec, req, job_id, forbid)
             if allocs is not None:
                 return allocs
         return None
 
-    def _place_ranks(self, spec: JobSpec, req: RankRequest) -> tuple[NodeAllocation, ...] | None:
-        used: set[str] = set()
-        chosen: list[tuple[NodeState, NodeAllocation]] = []
-        for _ in range(spec.nodes):
-            best = None
-            best_key = None
-            for n in self._candidates(spec):
-                if n.name in used:
-                    continue
-                a = n.fit(req)
-                if a is None:
-                    continue
-                key = _pack_key(n, a)
-                if best_key is None or key < best_key:
-                    best, best_key = (n, a), key
-            if best is None:
+    def fits_now(self, spec: JobSpec, forbid: np.ndarray | None = None) -> bool:
+        for req in self.requests(spec):
+            if int(self._candidates(spec, req, forbid).__gt__(NEG).sum()) >= spec.nodes:
+                return True
+        return False
+
+    def _candidates(self, spec: JobSpec, req: RankRequest, forbid: np.ndarray | None) -> np.ndarray:
+        score = self.scores(req).score
+        if spec.server is not None:
+            row = self.fleet.row_of.get(spec.server)
+            cand = np.full(self.fleet.n, NEG)
+            if row is not None:
+                cand[row] = score[row]
+            score = cand
+        if forbid is not None:
+            score = np.where(forbid, NEG, score)
+        return score
+
+    def _place_ranks(self, spec: JobSpec, req: RankRequest, job_id: int,
+                     forbid: np.ndarray | None) -> tuple[NodeAllocation, ...] | None:
+        nodes = spec.nodes
+        cand = self._candidates(spec, req, forbid)
+        if nodes > 1:
+            if int((cand > NEG).sum()) < nodes:
                 return None
-            used.add(best[0].name)
-            chosen.append(best)
-        for n, a in chosen:
-            n.take(a)
-        return tuple(a for _, a in chosen)
+            cand = cand.copy()
+        allocs: list[NodeAllocation] = []
+        gpu_choice = self._scores[req].gpu
+        tries = 0
+        while len(allocs) < nodes:
+            best = float(cand.max()) if cand.size else NEG
+            if best == NEG:
+                return None  # only reachable when the arrays and NodeState disagree
+            ties = np.flatnonzero(cand >= best - TIE_EPS)
+            row = int(ties[(job_id * _HASH) % len(ties)]) if len(ties) > 1 else int(ties[0])
+            alloc = self._alloc_on(row, req, int(gpu_choice[row]))
+            if alloc is None:
+                tries += 1
+                cand = cand.copy()
+                cand[row] = NEG
+                self._scores[req].score[row] = NEG
+                continue
+            st = self.fleet.states[row]
+            st.take(alloc)
+            self._refresh(row)
+            allocs.append(alloc)
+            if len(allocs) < nodes:
+                if cand is self._scores[req].score:
+                    cand = cand.copy()
+                cand[row] = NEG
+        return tuple(allocs)
+
+    def _alloc_on(self, row: int, req: RankRequest, gpu_slot: int) -> NodeAllocation | None:
+        st = self.fleet.states[row]
+        if req.gpu_count == 1 and req.mode == GpuMode.SHARED and gpu_slot >= 0:
+            g = st.gpus[gpu_slot]
+            if st.schedulable and st.host_fits(req) and g.matches(req) and g.admits(req):
+                return NodeAllocation(st.name, (g.slot(req),), req.cpus, req.mem_bytes, g.vendor)
+            return None
+        if req.mode == GpuMode.OVERSUBSCRIBE and req.gpu_count == 1 and gpu_slot >= 0:
+            g = st.gpus[gpu_slot]
+            if st.schedulable and st.host_fits(req) and g.matches(req) and g.admits(req):
+                return NodeAllocation(st.name, (g.slot(req),), req.cpus, req.mem_bytes, g.vendor)
+            return None
+        return st.fit(req)
+
+    # ---- reasons ---------------------------------------------------------------
 
     def why_pending(self, spec: JobSpec) -> str:
-        """Each node's named reason for not taking `spec` now."""
-        reqs = rank_requests(spec)
+        """Each node's named reason for not taking `spec` now (the first REASON_SCAN_LIMIT
+        nodes by name on a big cluster, with a count of the rest)."""
+        reqs = self.requests(spec)
+        states = self.fleet.states
+        if spec.server is not None:
+            row = self.fleet.row_of.get(spec.server)
+            states = [states[row]] if row is not None else []
+        scanned = states[:REASON_SCAN_LIMIT]
         per_node: list[tuple[str, str]] = []
         fitting = 0
-        for n in self._candidates(spec):
+        for n in scanned:
             reasons = []
-            ok = False
             for r in reqs:
                 if n.fit(r) is not None:
-                    ok = True
                     break
                 reasons.append(n.why_not(r))
-            if ok:
-                fitting += 1
-                continue
-            if len(reqs) == 1:
-                per_node.append((n.name, reasons[0]))
             else:
-                per_node.append((n.name, " / ".join(f"{q.label}: {x}" for q, x in zip(reqs, reasons))))
+                if len(reqs) == 1:
+                    per_node.append((n.name, reasons[0]))
+                else:
+                    per_node.append((n.name, " / ".join(f"{q.label}: {x}" for q, x in zip(reqs, reasons))))
+                continue
+            fitting += 1
         text = join_node_reasons(per_node)
+        rest = len(states) - len(scanned)
+        if rest > 0:
+            text += f"; {rest} more node{'s' if rest != 1 else ''} not listed"
         if spec.nodes > 1:
-            head = f"nodes={spec.nodes}: only {fitting} node{'s' if fitting != 1 else ''} can take a rank now"
+            total_fit = max(int((self._candidates(spec, r, None) > NEG).sum()) for r in reqs)
+            head = f"nodes={spec.nodes}: only {total_fit} node{'s' if total_fit != 1 else ''} can take a rank now"
             return head + (f"; {text}" if text else "")
         return text or "no node can take it now"
+
+    # ---- backfill ----------------------------------------------------------------
+
+    def _reserve(self, spec: JobSpec, now: float) -> tuple[float, np.ndarray] | None:
+        """When and where a blocked job could start if running jobs end on time and nothing
+        else is placed on those nodes; None when the known end times never free enough."""
+        best: tuple[float, np.ndarray] | None = None
+        able = self.able(spec)
+        for req in self.requests(spec):
+            fit_rows = [int(i) for i in np.flatnonzero(self._candidates(spec, req, None) > NEG)]
+            fit_set = set(fit_rows)
+            t_start = now if len(fit_rows) >= spec.nodes else None
+            clones: dict[int, object] = {}
+            if t_start is None:
+                for t, _, allocs in self._events:
+                    if best is not None and t >= best[0]:
+                        break
+                    for a in allocs:
+                        row = self.fleet.row_of.get(a.node)
+                        if row is None or not able[row]:
+                            continue
+                        c = clones.get(row)
+                        if c is None:
+                            c = clones[row] = self.fleet.states[row].copy()
+                        c.give_back(a)  # type: ignore[attr-defined]
+                        if row not in fit_set and c.fit(req) is not None:  # type: ignore[attr-defined]
+                            fit_set.add(row)
+                            fit_rows.append(row)
+                    if len(fit_rows) >= spec.nodes:
+                        t_start = max(t, now)
+                        break
+            if t_start is None:
+                continue
+            if best is None or t_start < best[0]:
+                mask = np.zeros(self.fleet.n, dtype=bool)
+                # hold the nodes that free last first: they are the ones the job waits for
+                mask[fit_rows[-spec.nodes:]] = True
+                best = (t_start, mask)
+        return best
 
     # ---- the pass --------------------------------------------------------------
 
     def run(self, queue: list[PendingJob], now: float, usage: dict[str, TenantUsage] | None = None) -> Plan:
+        """Place the queue in effective-priority order (see order.py); see docs/SCHEDULING.md."""
+        if not self._explicit_workload:
+            self.set_workload(shapes_from_queue(self.requests(j.spec)[0] for j in queue))
         plan = Plan()
         order = QueueOrder(queue, now, usage)
         array_running: dict[int, int] = {}
+        forbid_unknown = np.zeros(self.fleet.n, dtype=bool)
+        reservations: list[tuple[float, np.ndarray, int]] = []
+        blocker_of_unknown: int | None = None
+        waiting: dict[int, JobSpec] = {}
+        held: dict[int, int] = {}
         for job in order:
             spec = job.spec
             never = self.never_fits(spec)
@@ -113,21 +348,53 @@ class Scheduler:
             if job.array_parent is not None and limit is not None:
                 running = array_running.setdefault(job.array_parent, job.running_in_array)
                 if running >= limit:
-                    plan.pending[job.job_id] = f"array limit: {running} of %{limit} running"
+                    plan.pending[job.job_id] = f"array limit: {running} of its tasks running (%{limit})"
                     continue
-            allocs = self.place(spec, job.job_id)
-            if allocs is None:
-                plan.pending[job.job_id] = self.why_pending(spec)
+            ends = now + spec.time_limit_s if spec.time_limit_s else math.inf
+            forbid = None
+            if blocker_of_unknown is not None or reservations:
+                forbid = forbid_unknown
+                for t, mask, _ in reservations:
+                    if ends > t:
+                        forbid = forbid | mask
+                if not forbid.any():
+                    forbid = None
+            allocs = self.place(spec, job.job_id, forbid)
+            if allocs is not None:
+                plan.placements.append(Placement(job.job_id, allocs))
+                if job.array_parent is not None:
+                    array_running[job.array_parent] = array_running.get(job.array_parent, job.running_in_array) + 1
+                order.started(job, sum(s.fraction for s in allocs[0].gpus))
+                if ends != math.inf:
+                    bisect.insort(self._events, (ends, job.job_id, allocs))
                 continue
-            plan.placements.append(Placement(job.job_id, allocs))
-            if job.array_parent is not None:
-                array_running[job.array_parent] = array_running.get(job.array_parent, job.running_in_array) + 1
-            order.started(job, sum(s.fraction or 0.0 for s in allocs[0].gpus))
+            # Blocked: it waits, and what it waits for is held so later jobs cannot delay it.
+            if forbid is not None and self.fits_now(spec, None):
+                held[job.job_id] = self._holder(forbid_unknown, reservations, blocker_of_unknown, spec, ends)
+            else:
+                waiting[job.job_id] = spec
+            res = self._reserve(spec, now) if len(reservations) < RESERVATION_DEPTH else None
+            if res is not None:
+                reservations.append((res[0], res[1], job.job_id))
+            else:
+                forbid_unknown = forbid_unknown | self.able(spec)
+                if blocker_of_unknown is None:
+                    blocker_of_unknown = job.job_id
+        reasons: dict[JobSpec, str] = {}
+        for jid, spec in waiting.items():
+            r = reasons.get(spec)
+            if r is None:
+                r = reasons[spec] = self.why_pending(spec)
+            plan.pending[jid] = r
+        for jid, holder in held.items():
+            plan.pending[jid] = (f"held for job {holder}, which waits ahead of it: starting now could delay it"
+                                 " (a job may start ahead only when its time= ends before that job's start)")
         return plan
 
-
-def _pack_key(node: NodeState, alloc: NodeAllocation) -> tuple:
-    """Step-1 packing: prefer the node left with the fewest idle GPUs, then the least CPU."""
-    taken = {s.index for s in alloc.gpus}
-    idle_left = sum(1 for g in node.gpus if g.idle and g.index not in taken)
-    return (idle_left, node.cpus_free - alloc.cpus, node.name)
+    def _holder(self, forbid_unknown: np.ndarray, reservations: list[tuple[float, np.ndarray, int]],
+                first_unknown: int | None, spec: JobSpec, ends: float) -> int:
+        able = self.able(spec)
+        for t, mask, jid in reservations:
+            if ends > t and (mask & able).any():
+                return jid
+        return first_unknown if first_unknown is not None else (reservations[0][2] if reservations else 0)

@@ -104,6 +104,27 @@ class GpuState:
         else:
             self.over += 1
 
+    def give_back(self, s: GpuSlot) -> None:
+        """Undo `take` (a running job ending), for backfill's look ahead."""
+        if s.mode == GpuMode.EXCLUSIVE:
+            self.exclusive = False
+            self.frac = max(0.0, self.frac - 1.0)
+            self.cvram = 0
+            self.used = max(0, self.used - self.total)
+        elif s.mode == GpuMode.SHARED:
+            self.frac = max(0.0, self.frac - s.fraction)
+            self.cvram = max(0, self.cvram - s.vram_bytes)
+            self.used = max(0, self.used - s.vram_bytes)
+            self.shared_jobs = max(0, self.shared_jobs - 1)
+        else:
+            self.over = max(0, self.over - 1)
+
+    def copy(self) -> "GpuState":
+        c = object.__new__(GpuState)
+        for k in GpuState.__slots__:
+            setattr(c, k, getattr(self, k))
+        return c
+
 
 class NodeState:
     """A node's capacity during one pass (a working copy of a NodeView)."""
@@ -174,6 +195,25 @@ class NodeState:
             self.mem_measured -= alloc.mem_bytes
         for s in alloc.gpus:
             self._by_index[s.index].take(s)
+
+    def give_back(self, alloc: NodeAllocation) -> None:
+        """Undo `take` (a running job ending), for backfill's look ahead."""
+        self.cpus_free = min(self.cpus_total, self.cpus_free + alloc.cpus)
+        self.mem_free = min(self.mem_total, self.mem_free + alloc.mem_bytes)
+        if self.mem_measured is not None:
+            self.mem_measured += alloc.mem_bytes
+        for s in alloc.gpus:
+            g = self._by_index.get(s.index)
+            if g is not None:
+                g.give_back(s)
+
+    def copy(self) -> "NodeState":
+        c = object.__new__(NodeState)
+        for k in NodeState.__slots__:
+            setattr(c, k, getattr(self, k))
+        c.gpus = [g.copy() for g in self.gpus]
+        c._by_index = {g.index: g for g in c.gpus}
+        return c
 
     # ---- reasons -------------------------------------------------------------
 

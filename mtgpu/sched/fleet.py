@@ -1,0 +1,133 @@
+"""The cluster's capacity as numpy arrays, for filtering and scoring many nodes at once.
+
+Rows are nodes, columns GPU slots (padded to the largest node). The python
+`NodeState` objects stay the reference; after each placement the engine calls
+`refresh(row)` to copy the one changed node back into the arrays and logs the
+row, so caches keyed by request recompute only the rows that changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtgpu.model.cluster import ClusterSnapshot
+from mtgpu.model.gpu import model_matches
+from mtgpu.model.job import GpuMode
+
+from .nodefit import NodeState
+from .request import EPS, RankRequest
+
+
+class Fleet:
+    def __init__(self, snapshot: ClusterSnapshot) -> None:
+        self.states = [NodeState(n) for n in snapshot.nodes]
+        self.names = [n.name for n in self.states]
+        self.row_of = {n: i for i, n in enumerate(self.names)}
+        n = len(self.states)
+        self.n = n
+        self.width = g = max([len(s.gpus) for s in self.states] + [1])
+        kinds: dict[tuple[str, str], int] = {}
+        for s in self.states:
+            for x in s.gpus:
+                kinds.setdefault((x.vendor, x.model), len(kinds))
+        self.kinds = list(kinds)  # model id -> (vendor, model); id len(kinds) = no GPU
+        self.no_gpu = len(self.kinds)
+        self.gmodel = np.full((n, g), self.no_gpu, dtype=np.int32)
+        self.gindex = np.full((n, g), -1, dtype=np.int32)
+        self.vram_total = np.zeros((n, g), dtype=np.int64)
+        self.idle = np.zeros((n, g), dtype=bool)
+        self.open = np.zeros((n, g), dtype=bool)  # present and not held exclusively
+        self.left = np.zeros((n, g), dtype=np.float64)  # share left for shared jobs (0 if exclusive)
+        self.shared_free = np.zeros((n, g), dtype=np.int64)
+        self.meas_free = np.zeros((n, g), dtype=np.int64)
+        self.load = np.zeros((n, g), dtype=np.float64)  # for oversubscribe: utilization + used share
+        self.cpus_free = np.zeros(n, dtype=np.float64)
+        self.mem_usable = np.zeros(n, dtype=np.int64)
+        self.schedulable = np.zeros(n, dtype=bool)
+        self.cpus_total = np.array([s.cpus_total for s in self.states], dtype=np.float64)
+        self.mem_total = np.array([s.mem_total for s in self.states], dtype=np.int64)
+        for i, s in enumerate(self.states):
+            for j, x in enumerate(s.gpus):
+                self.gmodel[i, j] = kinds[(x.vendor, x.model)]
+                self.gindex[i, j] = x.index
+                self.vram_total[i, j] = x.total
+            self.refresh(i, log=False)
+        self.log: list[int] = []  # rows changed, in order
+        self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
+
+    def refresh(self, i: int, log: bool = True) -> None:
+        """Copy node row `i` from its NodeState into the arrays."""
+        s = self.states[i]
+        for j, x in enumerate(s.gpus):
+            idle = x.idle
+            self.idle[i, j] = idle
+            self.open[i, j] = not x.exclusive
+            self.left[i, j] = 0.0 if x.exclusive else max(0.0, 1.0 - x.frac)
+            self.shared_free[i, j] = x.shared_free
+            self.meas_free[i, j] = x.measured_free
+            self.load[i, j] = x.util / 100.0 + (x.used / x.total if x.total else 0.0) + 0.01 * x.over
+        self.cpus_free[i] = s.cpus_free
+        self.mem_usable[i] = s.mem_usable
+        self.schedulable[i] = s.schedulable
+        if log:
+            self.log.append(i)
+
+    # ---- filters -------------------------------------------------------------
+
+    def kind_match(self, vendor: str | None, model: str | None) -> np.ndarray:
+        """Bool per model id (plus the trailing no-GPU id): does a GPU of that kind match?"""
+        key = (vendor, model)
+        m = self._match_cache.get(key)
+        if m is None:
+            m = np.zeros(len(self.kinds) + 1, dtype=bool)
+            for k, (v, mod) in enumerate(self.kinds):
+                m[k] = (vendor is None or v == vendor) and (model is None or model_matches(model, mod))
+            self._match_cache[key] = m
+        return m
+
+    def gpu_ok(self, req: RankRequest, rows: np.ndarray | slice) -> np.ndarray:
+        """Per GPU slot of `rows`: can it take one GPU of `req` now? (exactly GpuState.admits)"""
+        match = self.kind_match(req.vendor, req.model)[self.gmodel[rows]]
+        mode = req.mode
+        v = req.vram_bytes
+        if mode == GpuMode.EXCLUSIVE or (mode == GpuMode.SHARED and req.fraction >= 1.0 and v is None):
+            ok = match & self.idle[rows]
+            if mode == GpuMode.EXCLUSIVE and v is not None:
+                ok &= (self.vram_total[rows] >= v) & (self.meas_free[rows] >= v)
+            return ok
+        ok = match & self.open[rows]
+        if mode == GpuMode.SHARED:
+            total = self.vram_total[rows]
+            if v is not None:
+                need = np.full(total.shape, v, dtype=np.int64)
+                share = np.minimum(1.0, v / np.maximum(total, 1))
+                share = np.where(total > 0, share, 1.0)
+            else:
+                need = (req.fraction * total).astype(np.int64)
+                share = req.fraction
+            ok &= (self.shared_free[rows] >= need) & (self.left[rows] + EPS >= share)
+        elif v is not None:
+            ok &= self.meas_free[rows] >= v
+        return ok
+
+    def host_ok(self, req: RankRequest, rows: np.ndarray | slice) -> np.ndarray:
+        ok = self.schedulable[rows].copy()
+        if req.cpus > 0:
+            ok &= self.cpus_free[rows] + EPS >= req.cpus
+        if req.mem_bytes > 0:
+            ok &= self.mem_usable[rows] >= req.mem_bytes
+        return ok
+
+    def able(self, req: RankRequest) -> np.ndarray:
+        """Per node: could it ever host one rank of `req`, empty (drained nodes count)?"""
+        ok = np.ones(self.n, dtype=bool)
+        if req.cpus > 0:
+            ok &= self.cpus_total + EPS >= req.cpus
+        if req.mem_bytes > 0:
+            ok &= self.mem_total >= req.mem_bytes
+        if req.gpu_count:
+            g = self.kind_match(req.vendor, req.model)[self.gmodel]
+            if req.vram_bytes is not None:
+                g &= self.vram_total >= req.vram_bytes
+            ok &= g.sum(axis=1) >= req.gpu_count
+        return ok
