@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -108,8 +109,6 @@ def simulate_load(
         used_bytes = parse_size(used) if used is not None else None
     except UnitError as e:
         fail(f"--used: {e}", 2)
-    from pathlib import Path
-
     directory = Path(state_dir) if state_dir else Path(find_socket()).parent
     write_simulated_load(default_override_path(directory), index, used_vram_bytes=used_bytes, utilization_pct=util)
     out.print(f"simulated GPU {index}: used={used or '-'} util={util if util is not None else '-'}")

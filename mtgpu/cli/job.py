@@ -54,7 +54,7 @@ def _gpu_text(job: dict) -> str:
     gpus = job.get("gpus") or []
     if not gpus:
         return "-"
-    return ",".join(f"{g['node']}:{g['index']}" + ("" if g["fraction"] >= 1 else f"({g['fraction']:g})") for g in gpus)
+    return ",".join(f"{g['node']}:{g['index']}" + ("" if g["fraction"] >= 1 else f"({g['fraction']:.2g})") for g in gpus)
 
 
 @app.command(

@@ -1,0 +1,147 @@
+"""Submit-to-start latency of a standalone node (issue 2's benchmark).
+
+Starts a real `mtgpu-server` with simulated GPUs in a temporary STATE_DIR, creates a
+temporary tenant, and, as that tenant, submits short native jobs one at a time over
+the node's Unix socket. Each job's first instruction records `$EPOCHREALTIME`; the
+latency is that moment minus the moment just before the submit request was sent
+(the CLI's own Python start-up is not counted: it is the same for any server).
+Then it submits the same number of jobs back to back and reports submissions per
+second (each one journaled and fsync'd before it is acknowledged).
+
+    python bench/submit_latency.py [--jobs 200] [--json]      (as root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def worker(socket_path: str, jobs: int, state_dir: str) -> dict:
+    """Runs as the tenant: submit, wait for the job's first instruction, repeat."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from mtgpu.client.local import LocalClient
+
+    uid = os.getuid()
+    latencies = []
+    script = "#!/bin/bash\necho START $EPOCHREALTIME\n"
+    with LocalClient(socket_path) as c:
+        c.submit("#!/bin/bash\ntrue\n")  # warm-up: first tenant record, connections
+        time.sleep(0.5)
+        for _ in range(jobs):
+            t0 = time.time()
+            job_id = c.submit(script)["job_id"]
+            log = Path(state_dir) / "logs" / str(uid) / f"{job_id}.log"
+            deadline = time.monotonic() + 30
+            started = None
+            while time.monotonic() < deadline:
+                try:
+                    text = log.read_text()
+                except OSError:
+                    text = ""
+                if text.startswith("START ") and text.endswith("\n"):
+                    started = float(text.split()[1])
+                    break
+                time.sleep(0.001)
+            if started is None:
+                raise SystemExit(f"job {job_id} did not start within 30 s")
+            latencies.append((started - t0) * 1000.0)
+        t0 = time.perf_counter()
+        for _ in range(jobs):
+            c.submit("#!/bin/bash\ntrue\n")
+        burst_s = time.perf_counter() - t0
+    return {
+        "jobs": jobs,
+        "start_p50_ms": round(percentile(latencies, 50), 2),
+        "start_p99_ms": round(percentile(latencies, 99), 2),
+        "start_mean_ms": round(statistics.fmean(latencies), 2),
+        "start_max_ms": round(max(latencies), 2),
+        "submit_per_s": round(jobs / burst_s, 1),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", nargs=2, metavar=("SOCKET", "STATE_DIR"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.jobs, args.worker[1])))
+        return 0
+    if os.geteuid() != 0:
+        print("bench/submit_latency.py runs a real node and a real tenant: run it as root", file=sys.stderr)
+        return 2
+    base = Path(tempfile.mkdtemp(prefix="mtgpu-bench-"))
+    os.chmod(base, 0o755)
+    user = f"mtbench{os.getpid() % 100000}"
+    server = None
+    try:
+        subprocess.run(["useradd", "-M", "-d", str(base), "-s", "/bin/bash", "-K", "UID_MIN=260000",
+                        "-K", "UID_MAX=269999", "-K", "GID_MIN=260000", "-K", "GID_MAX=269999", user],
+                       check=True, capture_output=True)
+        uid = int(subprocess.run(["id", "-u", user], capture_output=True, text=True, check=True).stdout)
+        gid = int(subprocess.run(["id", "-g", user], capture_output=True, text=True, check=True).stdout)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        state = base / "state"
+        (base / "mtgpu.toml").write_text(
+            f'NODE_NAME = "bench"\nLISTEN = "127.0.0.1:{port}"\nSTATE_DIR = "{state}"\nGPU_BACKEND = "simulated"\n'
+            '[[SIMULATED_GPUS]]\nmodel = "NVIDIA GeForce RTX 4090"\nvram = "24G"\ncount = 4\n'
+        )
+        server = subprocess.Popen([sys.executable, "-m", "mtgpu.cli.server", "--config", str(base / "mtgpu.toml"),
+                                   "--log-level", "WARNING"], stdout=subprocess.DEVNULL, stderr=open(base / "server.log", "wb"),
+                                  start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent))
+        sock = state / "mtgpu.sock"
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if time.monotonic() > deadline or server.poll() is not None:
+                print((base / "server.log").read_text(), file=sys.stderr)
+                return 1
+            time.sleep(0.05)
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--jobs", str(args.jobs), "--worker", str(sock), str(state)],
+                           user=uid, group=gid, extra_groups=[], capture_output=True, text=True, cwd=str(base),
+                           env={"PATH": "/usr/bin:/bin", "HOME": str(base)})
+        if r.returncode != 0:
+            print(r.stderr, file=sys.stderr)
+            return 1
+        result = json.loads(r.stdout)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        subprocess.run(["userdel", user], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"standalone node, {result['jobs']} short native jobs submitted one at a time as a tenant")
+        print(f"submit -> first instruction: p50 {result['start_p50_ms']:.1f} ms, p99 {result['start_p99_ms']:.1f} ms "
+              f"(mean {result['start_mean_ms']:.1f}, max {result['start_max_ms']:.1f})  [target p50 < 100, p99 < 500]")
+        print(f"back-to-back submissions: {result['submit_per_s']:.0f}/s (journaled, fsync'd)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install mtgpu on this Debian machine: the distribution packages it uses, then the
+# Python package into /opt/mtgpu/venv (outside /root, so tenants can run the CLIs).
+#   bash scripts/install.sh            the node
+#   bash scripts/install.sh --test     the node plus the test tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
+PACKAGES=(python3 python3-venv python3-dev gcc passwd util-linux procps)
+EXTRA=""
+if [ "${1:-}" = "--test" ]; then
+  EXTRA="[test]"
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/install.sh: run as root (it installs packages and creates $VENV)" >&2
+  exit 2
+fi
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing distribution packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  mkdir -p "$(dirname "$VENV")"
+  /usr/bin/python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q ".$EXTRA"
+chmod -R a+rX "$(dirname "$VENV")"
+for cmd in mtgpu-server mtgpu-admin mt-job mtgpu-setup; do
+  ln -sf "$VENV/bin/$cmd" "/usr/local/bin/$cmd"
+done
+echo "mtgpu installed in $VENV (commands linked into /usr/local/bin)"
