@@ -217,3 +217,66 @@ def test_a_running_job_is_reattached_after_kill_9(alice):
         job = node.wait_state(jid, {"failed", "completed", "lost"})
         assert job["state"] == "failed" and job["exit_code"] == 3
         flag.unlink()
+
+
+def test_the_network_api_answers_metadata_but_never_accepts_a_job(node2):
+    import httpx
+
+    base = f"http://127.0.0.1:{node2.port}"
+    assert httpx.get(f"{base}/v1/health").json()["ok"] is True
+    r = httpx.post(f"{base}/v1/jobs", json={"script": "#!/bin/bash\ntouch /tmp/pwned\n"})
+    assert r.status_code in (404, 405)
+    assert httpx.get(f"{base}/v1/jobs").status_code in (404, 405)
+
+
+def test_limits_become_cgroup_limits_and_the_record_says_what_was_enforced(node2, alice):
+    jid = node2.submit_json(alice, "--cpus", "1", "--mem", "256M", "--wrap", "true")["job_id"]
+    job = node2.wait_state(jid, "completed")
+    enforced = job["enforced"]
+    assert "memory" in enforced and "cpu" in enforced, enforced
+    assert all(isinstance(v, str) and v for v in enforced.values())
+
+
+def test_measured_load_from_outside_the_scheduler_counts_for_shared_jobs(alice):
+    with running_node(RTX2) as node:
+        r = node.admin("simulate-load", "0", "--used", "20G", "--util", "90", "--state-dir", str(node.state_dir))
+        assert r.returncode == 0, r.stderr
+        wait_for("the node to measure GPU 0's load", lambda: json.loads(node.admin("nodes", "--json").stdout)[0]["gpus"][0]["vram_used_bytes"] >= 20 * 1024**3)
+        jid = node.submit_json(alice, "--gpus", "1", "--gpu-mode", "shared", "--vram", "10G", "--wrap", "true")["job_id"]
+        job = node.wait_state(jid, "completed")
+        assert [g["index"] for g in job["gpus"]] == [1]
+
+
+def test_logs_follow_streams_until_the_job_ends(node2, alice):
+    jid = node2.submit_json(alice, "--wrap", "for i in 1 2 3; do echo line$i; sleep 0.2; done")["job_id"]
+    r = node2.mt_job(alice, "logs", "-f", str(jid), timeout_s=30)
+    assert r.returncode == 0 and r.stdout.split() == ["line1", "line2", "line3"]
+
+
+def test_admin_nodes_json_shows_gpus_and_commitments(node2):
+    nodes = json.loads(node2.admin("nodes", "--json").stdout)
+    assert [n["name"] for n in nodes] == ["node-a"]
+    assert len(nodes[0]["gpus"]) == 2 and nodes[0]["gpus"][0]["vram_total_bytes"] == 24 * 1024**3
+
+
+def test_a_bad_config_stops_the_start_naming_key_value_and_allowed(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('GPU_BACKEND = "quantum"\nLISTEN = "nowhere"\nFOO = 1\n')
+    r = subprocess.run([sys.executable, "-m", "mtgpu.cli.server", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    for needle in ("GPU_BACKEND", "quantum", "LISTEN", "nowhere", "FOO"):
+        assert needle in r.stderr, needle
+
+
+def test_array_job_runs_every_index_and_cancel_by_array_id(node2, alice):
+    res = node2.submit_json(alice, "--array", "0-3%2", "--wrap", "echo idx=$MTGPU_ARRAY_INDEX")
+    ids = res["job_ids"]
+    assert len(ids) == 4
+    outs = set()
+    for i in ids:
+        node2.wait_state(i, "completed")
+        outs.add(read_log(node2, alice, i).strip())
+    assert outs == {"idx=0", "idx=1", "idx=2", "idx=3"}
