@@ -29,6 +29,7 @@ NEG = -np.inf
 TIE_EPS = 1e-9
 REASON_SCAN_LIMIT = 64  # nodes examined by name for a pending reason on big clusters
 RESERVATION_DEPTH = 16  # blocked jobs per pass that get a computed start time
+DEDUPE_ROWS = 48
 _HASH = 0x9E3779B1  # Fibonacci hashing of the job id picks among equally good nodes
 
 
@@ -88,6 +89,18 @@ class Scheduler:
         return s
 
     def _compute(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
+        if len(rows) > DEDUPE_ROWS:
+            # Many nodes are in the same state (identical and empty at first): score one of each.
+            _, first, inverse = np.unique(self.fleet.row_keys(rows), return_index=True, return_inverse=True)
+            if len(first) < len(rows) // 2:
+                uniq = rows[first]
+                self._compute_rows(req, s, uniq)
+                s.score[rows] = s.score[uniq][inverse]
+                s.gpu[rows] = s.gpu[uniq][inverse]
+                return
+        self._compute_rows(req, s, rows)
+
+    def _compute_rows(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
         f = self.fleet
         host = f.host_ok(req, rows)
         left = f.left[rows]
@@ -176,8 +189,20 @@ class Scheduler:
     def place(self, spec: JobSpec, job_id: int = 0, forbid: np.ndarray | None = None) -> tuple[NodeAllocation, ...] | None:
         """Place every rank of one job now and commit it to the working copy, or None.
 
-        `forbid` marks nodes this job may not use (held for a blocked job ahead of it)."""
-        for req in self.requests(spec):
+        `forbid` marks nodes this job may not use (held for a blocked job ahead of it).
+        `|`-alternatives are equals: a one-node job goes where any of them packs best
+        (the earlier alternative on a tie); a gang takes the first alternative all of
+        whose ranks fit."""
+        reqs = self.requests(spec)
+        if len(reqs) > 1 and spec.nodes == 1:
+            ranked = []
+            for i, req in enumerate(reqs):
+                best = float(self._candidates(spec, req, forbid).max())
+                if best > NEG:
+                    ranked.append((-best, i, req))
+            ranked.sort(key=lambda x: (x[0], x[1]))
+            reqs = [r for _, _, r in ranked]
+        for req in reqs:
             allocs = self._place_ranks(spec, req, job_id, forbid)
             if allocs is not None:
                 return allocs
@@ -217,6 +242,10 @@ class Scheduler:
             if best == NEG:
                 return None  # only reachable when the arrays and NodeState disagree
             ties = np.flatnonzero(cand >= best - TIE_EPS)
+            if len(ties) > 1:
+                # equal fragmentation: best fit, the node with the least GPU share left
+                free = self.fleet.left[ties].sum(axis=1)
+                ties = ties[free <= free.min() + TIE_EPS]
             row = int(ties[(job_id * _HASH) % len(ties)]) if len(ties) > 1 else int(ties[0])
             alloc = self._alloc_on(row, req, int(gpu_choice[row]))
             if alloc is None:

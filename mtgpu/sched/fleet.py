@@ -53,6 +53,7 @@ class Fleet:
                 self.vram_total[i, j] = x.total
             self.refresh(i, log=False)
         self.log: list[int] = []  # rows changed, in order
+        self._key_w: np.ndarray | None = None
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
 
     def refresh(self, i: int, log: bool = True) -> None:
@@ -71,6 +72,20 @@ class Fleet:
         self.schedulable[i] = s.schedulable
         if log:
             self.log.append(i)
+
+    def row_keys(self, rows: np.ndarray) -> np.ndarray:
+        """A hash per row of everything fit and scoring read: equal rows, equal keys."""
+        if self._key_w is None:
+            rng = np.random.default_rng(12345)  # fixed: keys must not vary between runs
+            self._key_w = rng.random(8 * self.width + 3) + 0.5
+        g = self.width
+        w = self._key_w
+        k = (self.left[rows] @ w[:g] + self.gmodel[rows] @ w[g:2 * g] + self.idle[rows] @ w[2 * g:3 * g]
+             + self.open[rows] @ w[3 * g:4 * g] + (self.shared_free[rows] / 2**30) @ w[4 * g:5 * g]
+             + (self.meas_free[rows] / 2**30) @ w[5 * g:6 * g] + (self.vram_total[rows] / 2**30) @ w[6 * g:7 * g]
+             + self.load[rows] @ w[7 * g:8 * g])
+        return (k + self.cpus_free[rows] * w[-3] + (self.mem_usable[rows] / 2**20) * w[-2]
+                + self.schedulable[rows] * w[-1])
 
     # ---- filters -------------------------------------------------------------
 

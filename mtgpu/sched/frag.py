@@ -26,6 +26,8 @@ from mtgpu.model.job import GpuMode
 from .fleet import Fleet
 from .request import EPS, RankRequest
 
+TYPICAL_SHARE = 1.0
+
 # When the queue says little about the workload, assume a mix of common requests.
 PRIOR_SHAPES: tuple[tuple[int, float, float], ...] = (  # (GPUs, share of each, weight)
     (1, 1.0, 4.0), (1, 0.5, 2.0), (2, 1.0, 1.0), (1, 0.25, 1.0),
@@ -42,7 +44,9 @@ def demand_share(req: RankRequest, typical_vram_bytes: int) -> float:
 class FragModel:
     """The workload's kinds of jobs, laid out for vectorized evaluation of V."""
 
-    def __init__(self, fleet: Fleet, shapes: Iterable[tuple[RankRequest, float]]) -> None:
+    def __init__(self, fleet: Fleet, shapes: Iterable[tuple[RankRequest | tuple[RankRequest, ...], float]]) -> None:
+        """`shapes`: (request, weight) pairs; a request may be a tuple of `|`-alternatives
+        (one kind of job that can use any of their GPU kinds)."""
         totals = fleet.vram_total[fleet.gmodel < fleet.no_gpu]
         typical_vram = int(np.median(totals)) if totals.size else 1
         groups: dict[tuple, int] = {}
@@ -54,14 +58,28 @@ class FragModel:
         t_mem: list[float] = []
         t_p: list[float] = []
         total_w = 0.0
-        for req, w in shapes:
+        shapes = sorted(((sh, w) for sh, w in shapes if w > 0), key=lambda x: -x[1])
+        # Like FGD's "typical pods": the most common kinds covering TYPICAL_SHARE of the weight.
+        all_w = sum(w for _, w in shapes)
+        kept, acc = [], 0.0
+        for sh, w in shapes:
+            if acc >= TYPICAL_SHARE * all_w:
+                break
+            kept.append((sh, w))
+            acc += w
+        shapes = kept
+        for shape, w in shapes:
             if w <= 0:
                 continue
+            alts = shape if isinstance(shape, tuple) else (shape,)
+            req = alts[0]
             total_w += w
             if not req.gpu_count or req.mode == GpuMode.OVERSUBSCRIBE:
                 continue  # uses no GPU share: the same for every node
             d = demand_share(req, typical_vram)
             allowed = fleet.kind_match(req.vendor, req.model)
+            for other in alts[1:]:
+                allowed = allowed | fleet.kind_match(other.vendor, other.model)
             key = (req.gpu_count, round(d, 6), allowed.tobytes())
             gi = groups.get(key)
             if gi is None:
