@@ -67,9 +67,9 @@ class Scheduler:
         self.value = self.frag.value(f.left, f.gmodel, f.cpus_free, f.mem_usable.astype(np.float64))
         self._scores: dict[RankRequest, _Scores] = {}
 
-    def _refresh(self, row: int) -> None:
+    def _refresh(self, row: int, alloc: NodeAllocation | None = None) -> None:
         f = self.fleet
-        f.refresh(row)
+        f.refresh(row, gpus=None if alloc is None else [s.index for s in alloc.gpus])
         r = slice(row, row + 1)
         self.value[row] = self.frag.value(f.left[r], f.gmodel[r], f.cpus_free[r], f.mem_usable[r].astype(np.float64))[0]
 
@@ -83,7 +83,7 @@ class Scheduler:
             s.pos = len(log)
         elif s.pos < len(log):
             changed = log[s.pos:]
-            rows = np.unique(np.array(changed, dtype=np.int64)) if len(changed) > 1 else np.array(changed)
+            rows = np.fromiter(set(changed), dtype=np.int64) if len(changed) > 1 else np.array(changed)
             self._compute(req, s, rows)
             s.pos = len(log)
         return s
@@ -102,41 +102,41 @@ class Scheduler:
 
     def _compute_rows(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
         f = self.fleet
-        host = f.host_ok(req, rows)
+        fits = f.host_ok(req, rows)
+        if req.gpu_count:
+            ok = f.gpu_ok(req, rows)
+            fits &= ok.sum(axis=1) >= req.gpu_count
+        s.score[rows] = NEG
+        s.gpu[rows] = -1
+        if not fits.all():  # score only the nodes it fits on
+            rows = rows[fits]
+            if not len(rows):
+                return
+            if req.gpu_count:
+                ok = ok[fits]
         left = f.left[rows]
         gmodel = f.gmodel[rows]
         cpu = f.cpus_free[rows] - req.cpus
         mem = f.mem_usable[rows].astype(np.float64) - req.mem_bytes
         old = self.value[rows]
         if not req.gpu_count:
-            gain = self.frag.value(left, gmodel, cpu, mem) - old
-            s.score[rows] = np.where(host, gain, NEG)
-            s.gpu[rows] = -1
+            s.score[rows] = self.frag.value(left, gmodel, cpu, mem) - old
             return
-        ok = f.gpu_ok(req, rows)
-        fits = host & (ok.sum(axis=1) >= req.gpu_count)
         if req.mode == GpuMode.OVERSUBSCRIBE:
             load = np.where(ok, f.load[rows], np.inf)
             s.gpu[rows] = np.argmin(load, axis=1)
-            s.score[rows] = np.where(fits, -load.min(axis=1, initial=np.inf), NEG)
+            s.score[rows] = -load.min(axis=1)
             return
         share = self._share(req, rows)
         if req.gpu_count == 1 and req.mode == GpuMode.SHARED:
             # one candidate state per GPU the share could go to
-            r, g = left.shape
-            cand = left[:, None, :] - np.eye(g)[None, :, :] * share[:, :, None]
-            v = self.frag.value(cand.reshape(r * g, g), np.repeat(gmodel, g, axis=0),
-                                np.repeat(cpu, g), np.repeat(mem, g)).reshape(r, g)
-            v = np.where(ok, v, NEG)
+            v = np.where(ok, self.frag.value_one_gpu(left, gmodel, share, cpu, mem), NEG)
             best = np.argmax(v, axis=1)
             s.gpu[rows] = best
-            s.score[rows] = np.where(fits, v[np.arange(r), best] - old, NEG)
+            s.score[rows] = v[np.arange(len(rows)), best] - old
             return
         take = ok & (np.cumsum(ok, axis=1) <= req.gpu_count)
-        after = left - take * share
-        gain = self.frag.value(after, gmodel, cpu, mem) - old
-        s.score[rows] = np.where(fits, gain, NEG)
-        s.gpu[rows] = -1
+        s.score[rows] = self.frag.value(left - take * share, gmodel, cpu, mem) - old
 
     def _share(self, req: RankRequest, rows: np.ndarray) -> np.ndarray:
         """Per GPU slot: the share of it one GPU of `req` takes."""
@@ -256,7 +256,7 @@ class Scheduler:
                 continue
             st = self.fleet.states[row]
             st.take(alloc)
-            self._refresh(row)
+            self._refresh(row, alloc)
             allocs.append(alloc)
             if len(allocs) < nodes:
                 if cand is self._scores[req].score:

@@ -56,10 +56,14 @@ class Fleet:
         self._key_w: np.ndarray | None = None
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
 
-    def refresh(self, i: int, log: bool = True) -> None:
-        """Copy node row `i` from its NodeState into the arrays."""
+    def refresh(self, i: int, log: bool = True, gpus: list[int] | None = None) -> None:
+        """Copy node row `i` (only the GPUs of index `gpus`, when given) from its NodeState."""
         s = self.states[i]
-        for j, x in enumerate(s.gpus):
+        if gpus is None:
+            slots = enumerate(s.gpus)
+        else:
+            slots = [(j, x) for j, x in enumerate(s.gpus) if x.index in gpus]
+        for j, x in slots:
             idle = x.idle
             self.idle[i, j] = idle
             self.open[i, j] = not x.exclusive

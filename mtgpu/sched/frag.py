@@ -101,6 +101,14 @@ class FragModel:
         self.t_cpu = np.array(t_cpu, dtype=np.float64)
         self.t_mem = np.array(t_mem, dtype=np.float64)
         self.t_p = np.array(t_p, dtype=np.float64) / total_w
+        # (types, groups): each kind's popularity in its GPU group's column
+        self.p_grp = np.zeros((len(t_p), len(g_n)))
+        self.p_grp[np.arange(len(t_p)), self.t_grp] = self.t_p
+
+    def _weights(self, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+        """(B, groups): the popularity of the kinds of each GPU group whose CPUs and memory fit."""
+        host = (cpu[:, None] + EPS >= self.t_cpu) & (mem[:, None] >= self.t_mem)
+        return host.astype(np.float64) @ self.p_grp
 
     def value(self, left: np.ndarray, gmodel: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
         """V for B node states: left (B, G) shares, gmodel (B, G), cpu (B,), mem (B,)."""
@@ -108,10 +116,26 @@ class FragModel:
             return np.zeros(left.shape[0])
         usable = self.allowed[gmodel] & (left[:, :, None] + EPS >= self.g_d)  # (B, G, groups)
         u = np.einsum("bg,bgk->bk", left, usable)
-        fits = usable.sum(axis=1) >= self.g_n
-        gu = np.where(fits, u, 0.0)[:, self.t_grp]  # (B, types)
-        host = (cpu[:, None] + EPS >= self.t_cpu) & (mem[:, None] >= self.t_mem)
-        return (gu * host) @ self.t_p
+        gu = np.where(usable.sum(axis=1) >= self.g_n, u, 0.0)
+        return np.einsum("bk,bk->b", gu, self._weights(cpu, mem))
+
+    def value_one_gpu(self, left: np.ndarray, gmodel: np.ndarray, share: np.ndarray,
+                      cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+        """V after taking `share` (B, G) from one GPU j of each node, for every j: (B, G).
+
+        Only GPU j changes, so the sums over GPUs are updated rather than recomputed."""
+        if self.empty:
+            return np.zeros(left.shape)
+        allowed = self.allowed[gmodel]  # (B, G, groups)
+        old = allowed & (left[:, :, None] + EPS >= self.g_d)
+        after = left - share
+        new = allowed & (after[:, :, None] + EPS >= self.g_d)
+        u_old = np.einsum("bg,bgk->bk", left, old)
+        c_old = old.sum(axis=1)
+        u_new = u_old[:, None, :] - left[:, :, None] * old + after[:, :, None] * new
+        c_new = c_old[:, None, :] - old + new
+        gu = np.where(c_new >= self.g_n, u_new, 0.0)
+        return np.einsum("bgk,bk->bg", gu, self._weights(cpu, mem))
 
 
 def shapes_from_queue(reqs: Iterable[RankRequest]) -> list[tuple[RankRequest, float]]:
