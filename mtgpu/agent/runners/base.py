@@ -1,0 +1,66 @@
+"""The runner contract every runtime implements (native, podman): JupyterHub's spawner
+shape (start / poll / stop / get_state / load_state), so the agent can start a job,
+persist the returned state, crash, and re-attach to the job after a restart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything a runner needs to start one job on this node, computed by the server."""
+
+    job_id: int
+    uid: int
+    gid: int
+    extra_gids: tuple[int, ...]
+    home: str
+    workdir: str
+    script: str  # the job file text, run with /bin/bash (or its #! interpreter)
+    env: dict[str, str]  # the complete environment; the runner only adds HOME/USER/LOGNAME/PATH/SHELL if absent
+    log_path: str  # stdout+stderr, created owned by uid:gid, mode 0600
+    cpus: float | None = None
+    mem_bytes: int | None = None
+    gpu_vendor: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    all_gpu_indices: tuple[int, ...] = field(default=())  # the node's GPUs: the others are denied
+
+
+@dataclass
+class ExitInfo:
+    """How a job ended. `exit_code` is None when a signal killed it (then `signal` says which)."""
+
+    exit_code: int | None
+    signal: int | None
+    reason: str
+
+
+class RunnerError(RuntimeError):
+    """A job could not be started; the message names what and why."""
+
+
+@runtime_checkable
+class Runner(Protocol):
+    def start(self, launch: Launch) -> dict:
+        """Start the job; return the state (JSON-able) the caller persists for load_state."""
+        ...
+
+    def poll(self, job_id: int) -> ExitInfo | None:
+        """None while the job runs, else how it ended."""
+        ...
+
+    def stop(self, job_id: int, grace_s: float = 5.0) -> None:
+        """SIGTERM the whole process tree, SIGKILL after grace_s; nothing is left when it returns."""
+        ...
+
+    def get_state(self, job_id: int) -> dict: ...
+
+    def load_state(self, job_id: int, state: dict) -> bool:
+        """Re-attach after a restart: True if the job runs or left its exit record, False if lost."""
+        ...
+
+    def enforced(self, job_id: int) -> dict:
+        """Which limits are enforced and how, e.g. {"memory": "cgroup-v1", "cpu": "not enforced"}."""
+        ...

@@ -1,0 +1,341 @@
+"""Per-job cgroups: limits (memory, CPU, pids, GPU device nodes) and whole-tree kill.
+
+Detects cgroup v2 (unified) or v1 (one hierarchy per controller) at construction and
+checks what this process may write. Job groups are created below the server's own
+cgroup (`<own>/<parent>/job-<id>`), so limits a container or service manager set on
+the server still bound its jobs. A controller that is not writable is reported in
+`unavailable` and its limit is recorded as not enforced; the runner falls back to
+setrlimit and process-group/marker killing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer")
+V2_CONTROLLERS = ("memory", "cpu", "pids")
+CPU_PERIOD_US = 100_000
+
+
+@dataclass
+class JobCgroup:
+    """One job's cgroup directories (controller -> path; v2 has the single key "unified")."""
+
+    job_id: int
+    version: str
+    paths: dict[str, str]
+    enforced: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [os.path.join(p, "cgroup.procs") for p in self.paths.values()]
+
+
+def _write(path: str | Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read(path: str | Path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _live(pid: int) -> bool:
+    """True unless the process is gone or a zombie (a zombie cannot be killed, only reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def gpu_device_nodes(vendor: str | None, indices: tuple[int, ...]) -> list[tuple[str, int, int]]:
+    """(type, major, minor) of the existing device nodes of these GPUs; only NVIDIA's
+    /dev/nvidiaN map one node per GPU index. Missing nodes are skipped."""
+    if vendor not in (None, "nvidia"):
+        return []
+    nodes = []
+    for i in indices:
+        try:
+            st = os.stat(f"/dev/nvidia{i}")
+        except OSError:
+            continue
+        nodes.append(("c", os.major(st.st_rdev), os.minor(st.st_rdev)))
+    return nodes
+
+
+class CgroupManager:
+    """Creates, fills, kills and removes job cgroups under `<own cgroup>/<parent>`."""
+
+    def __init__(self, parent: str = "mtgpu", *, root: str = "/sys/fs/cgroup", pids_max: int = 4096):
+        self.parent = parent
+        self.pids_max = pids_max
+        self.version: str | None = None
+        self.bases: dict[str, Path] = {}  # controller (or "unified") -> writable parent dir
+        self.unavailable: dict[str, str] = {}  # controller -> why it cannot be used
+        self._jobs: dict[int, JobCgroup] = {}
+        if os.path.exists(os.path.join(root, "cgroup.controllers")):
+            self.version = "v2"
+            self._detect_v2(Path(root))
+        else:
+            self.version = "v1"
+            self._detect_v1()
+
+    # -- detection ---------------------------------------------------------------
+    @staticmethod
+    def _own_paths() -> dict[str, str]:
+        own = {}
+        for line in _read("/proc/self/cgroup").splitlines():
+            _, ctrls, path = line.split(":", 2)
+            for c in ctrls.split(",") if ctrls else [""]:
+                own[c] = path
+        return own
+
+    def _detect_v1(self) -> None:
+        own = self._own_paths()
+        mounts: dict[str, tuple[str, str]] = {}  # controller -> (mount root, mount point)
+        try:
+            for line in _read("/proc/self/mountinfo").splitlines():
+                pre, _, post = line.partition(" - ")
+                fstype, _src, opts = (post.split() + ["", "", ""])[:3]
+                if fstype != "cgroup":
+                    continue
+                f = pre.split()
+                for opt in opts.split(","):
+                    if opt in V1_CONTROLLERS and opt not in mounts:
+                        mounts[opt] = (f[3], f[4].replace("\\040", " "))
+        except OSError as e:
+            self.version = None
+            self.unavailable = {c: f"cannot read mounts: {e}" for c in V1_CONTROLLERS}
+            return
+        for c in V1_CONTROLLERS:
+            if c not in mounts:
+                self.unavailable[c] = "controller not mounted"
+                continue
+            mroot, mpoint = mounts[c]
+            rel = own.get(c, "/")
+            rel = rel[len(mroot):] if mroot != "/" and rel.startswith(mroot) else (rel if mroot == "/" else "/")
+            base = Path(mpoint + rel.rstrip("/")) / self.parent
+            try:
+                base.mkdir(exist_ok=True)
+                if not os.access(base / "cgroup.procs", os.W_OK):
+                    raise PermissionError(f"{base}/cgroup.procs is not writable")
+            except OSError as e:
+                self.unavailable[c] = f"not writable ({e})"
+                continue
+            self.bases[c] = base
+        if not self.bases:
+            self.version = None
+
+    def _detect_v2(self, root: Path) -> None:
+        own = self._own_paths().get("", "/")
+        own_dir = Path(str(root) + own.rstrip("/"))
+        try:
+            available = _read(own_dir / "cgroup.controllers").split()
+            wanted = [c for c in V2_CONTROLLERS if c in available]
+            for c in V2_CONTROLLERS:
+                if c not in available:
+                    self.unavailable[c] = f"not delegated to {own_dir}"
+            enable = " ".join("+" + c for c in wanted)
+            if wanted:
+                try:
+                    _write(own_dir / "cgroup.subtree_control", enable)
+                except OSError as e:
+                    if e.errno != errno.EBUSY or own == "/":
+                        raise
+                    # "no internal processes": move the server into a leaf of its own
+                    # (what a delegated systemd service does), then enable.
+                    leaf = own_dir / "server"
+                    leaf.mkdir(exist_ok=True)
+                    _write(leaf / "cgroup.procs", str(os.getpid()))
+                    _write(own_dir / "cgroup.subtree_control", enable)
+            base = own_dir / self.parent
+            base.mkdir(exist_ok=True)
+            if wanted:
+                _write(base / "cgroup.subtree_control", enable)
+        except OSError as e:
+            self.version = None
+            self.unavailable = {c: f"not writable ({e})" for c in V2_CONTROLLERS}
+            return
+        self.bases["unified"] = base
+
+    # -- per job -----------------------------------------------------------------
+    def create(self, job_id: int, *, cpus: float | None, mem_bytes: int | None,
+               deny_devices: list[tuple[str, int, int]] = ()) -> JobCgroup | None:
+        """Make the job's groups and write its limits. None when no controller is usable."""
+        if not self.bases:
+            return None
+        name = self._free_name(job_id)
+        cg = JobCgroup(job_id, self.version or "", {})
+        try:
+            for ctrl, base in self.bases.items():
+                d = base / name
+                d.mkdir()
+                cg.paths[ctrl] = str(d)
+            self._set_limits(cg, cpus, mem_bytes, deny_devices)
+        except OSError:
+            self._rmdirs(cg)
+            raise
+        self._jobs[job_id] = cg
+        return cg
+
+    def _free_name(self, job_id: int) -> str:
+        """`job-<id>`; a stale empty group of that name is replaced, a busy one is left alone."""
+        for n in range(1, 100):
+            name = f"job-{job_id}" if n == 1 else f"job-{job_id}-{n}"
+            dirs = [b / name for b in self.bases.values()]
+            existing = [d for d in dirs if d.exists()]
+            if not existing:
+                return name
+            if any(self._procs_of(str(d)) for d in existing):
+                continue
+            try:
+                for d in existing:
+                    d.rmdir()
+                return name
+            except OSError:
+                continue
+        raise OSError(errno.EEXIST, f"no free cgroup name for job {job_id} under {self.parent}")
+
+    def _set_limits(self, cg: JobCgroup, cpus, mem_bytes, deny_devices) -> None:
+        v = cg.version
+        tag = f"cgroup-{v}"
+        p = cg.paths
+        enf = cg.enforced
+        if v == "v2":
+            d = p["unified"]
+            if mem_bytes and "memory" not in self.unavailable:
+                _write(f"{d}/memory.max", str(mem_bytes))
+                if os.path.exists(f"{d}/memory.swap.max"):
+                    _write(f"{d}/memory.swap.max", "0")
+                enf["memory"] = tag
+            if cpus and "cpu" not in self.unavailable:
+                _write(f"{d}/cpu.max", f"{max(1000, int(cpus * CPU_PERIOD_US))} {CPU_PERIOD_US}")
+                enf["cpu"] = tag
+            if "pids" not in self.unavailable:
+                _write(f"{d}/pids.max", str(self.pids_max))
+                enf["pids"] = f"{tag} (max {self.pids_max})"
+            return
+        if mem_bytes and "memory" in p:
+            _write(f"{p['memory']}/memory.limit_in_bytes", str(mem_bytes))
+            try:  # memory+swap: no escaping the limit into swap
+                _write(f"{p['memory']}/memory.memsw.limit_in_bytes", str(mem_bytes))
+            except OSError:
+                pass
+            enf["memory"] = tag
+        if cpus and "cpu" in p:
+            _write(f"{p['cpu']}/cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(f"{p['cpu']}/cpu.cfs_quota_us", str(max(1000, int(cpus * CPU_PERIOD_US))))
+            enf["cpu"] = tag
+        if "pids" in p:
+            _write(f"{p['pids']}/pids.max", str(self.pids_max))
+            enf["pids"] = f"{tag} (max {self.pids_max})"
+        if deny_devices and "devices" in p:
+            for typ, major, minor in deny_devices:
+                _write(f"{p['devices']}/devices.deny", f"{typ} {major}:{minor} rwm")
+            enf["devices"] = tag
+
+    def attach(self, job_id: int, version: str, paths: dict[str, str]) -> JobCgroup:
+        """Know a job's groups again after a restart (from the runner's persisted state)."""
+        cg = JobCgroup(job_id, version, {k: v for k, v in paths.items() if os.path.isdir(v)})
+        self._jobs[job_id] = cg
+        return cg
+
+    def get(self, job_id: int) -> JobCgroup | None:
+        return self._jobs.get(job_id)
+
+    @staticmethod
+    def _procs_of(path: str) -> set[int]:
+        try:
+            return {int(x) for x in _read(os.path.join(path, "cgroup.procs")).split()}
+        except (OSError, ValueError):
+            return set()
+
+    def pids(self, job_id: int) -> set[int]:
+        """Live (non-zombie) processes in any of the job's groups."""
+        cg = self._jobs.get(job_id)
+        if cg is None:
+            return set()
+        found: set[int] = set()
+        for path in cg.paths.values():
+            found |= self._procs_of(path)
+        return {p for p in found if _live(p)}
+
+    def signal_all(self, job_id: int, sig: int) -> None:
+        for pid in self.pids(job_id):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def kill_all(self, job_id: int, timeout_s: float = 5.0) -> bool:
+        """SIGKILL every process of the job, including ones forking meanwhile; True when
+        none is left. v2 uses cgroup.kill; v1 freezes the group first so nothing escapes
+        between reading cgroup.procs and killing."""
+        cg = self._jobs.get(job_id)
+        if cg is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        if cg.version == "v2":
+            kill_file = os.path.join(cg.paths.get("unified", ""), "cgroup.kill")
+            if os.path.exists(kill_file):
+                try:
+                    _write(kill_file, "1")
+                except OSError:
+                    pass
+        freezer = cg.paths.get("freezer")
+        while True:
+            if freezer:
+                self._freeze(freezer, True)
+            try:
+                self.signal_all(job_id, signal.SIGKILL)
+            finally:
+                if freezer:  # killed tasks die when thawed
+                    self._freeze(freezer, False)
+            if not self.pids(job_id):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    @staticmethod
+    def _freeze(path: str, on: bool, timeout_s: float = 1.0) -> bool:
+        want = "FROZEN" if on else "THAWED"
+        try:
+            _write(f"{path}/freezer.state", want)
+            deadline = time.monotonic() + timeout_s
+            while _read(f"{path}/freezer.state").strip() != want:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+            return True
+        except OSError:
+            return False
+
+    def remove(self, job_id: int) -> None:
+        """Delete the job's groups (after its processes are gone); retries briefly while
+        exiting tasks are still being released."""
+        cg = self._jobs.pop(job_id, None)
+        if cg is not None:
+            self._rmdirs(cg)
+
+    @staticmethod
+    def _rmdirs(cg: JobCgroup, timeout_s: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for path in list(cg.paths.values()):
+            while True:
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)

@@ -1,0 +1,398 @@
+"""The native runner: a job runs as its tenant under a small root shim (shim.py) that
+outlives the server, in per-job cgroups where the machine allows them.
+
+Layout: `state_dir/<job_id>/` (state_dir and job dirs root, 0700; the agent passes
+STATE_DIR/runs) holds launch.json, the script, and the
+shim's started.json / exit.json. The state returned by start() is what the caller
+persists; load_state() re-attaches from it after a server restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtgpu.agent.runners.base import ExitInfo, Launch, RunnerError
+from mtgpu.agent.runners.cgroups import CgroupManager, gpu_device_nodes
+
+SHIM_PATH = str(Path(__file__).with_name("shim.py"))
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+STATE_VERSION = 1
+
+
+def _starttime(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == b"Z" else int(fields[19])
+
+
+def _alive(pid: int | None, starttime: int | None) -> bool:
+    """The same process (not a reused PID) is still running."""
+    return bool(pid) and starttime is not None and _starttime(pid) == starttime
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _interpreter(script: str) -> list[str]:
+    """argv prefix for the script: its `#!` line (as the kernel reads it), else /bin/bash."""
+    if script.startswith("#!"):
+        line = script[2:].split("\n", 1)[0].strip()
+        if line:
+            interp, _, arg = line.partition(" ")
+            arg = arg.strip()
+            return [interp] + ([arg] if arg else [])
+    return ["/bin/bash"]
+
+
+def marked_pids(job_id: int, token: str) -> set[int]:
+    """Processes whose environment carries this run's marker (MTGPU_JOB_ID and
+    MTGPU_RUN_TOKEN): finds a job's processes that left its process group, and where
+    cgroups are not available."""
+    want = (f"MTGPU_JOB_ID={job_id}".encode(), f"MTGPU_RUN_TOKEN={token}".encode())
+    found = set()
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if want[0] in env and want[1] in env:
+            found.add(int(name))
+    return found
+
+
+def _pgroup_pids(pgid: int) -> set[int]:
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != b"Z":
+                found.add(int(name))
+    return found
+
+
+@dataclass
+class _Run:
+    state: dict
+    shim: subprocess.Popen | None = None  # only when this instance started it
+    exit: ExitInfo | None = None
+    stopped: bool = False
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(self.state["job_dir"])
+
+
+class NativeRunner:
+    """Runner for native jobs (see base.Runner)."""
+
+    def __init__(self, state_dir: Path, *, cgroup_parent: str = "mtgpu", pids_max: int = 4096,
+                 cgroups: CgroupManager | None = None):
+        self.state_dir = Path(state_dir)
+        self.runs_dir = self.state_dir  # job dirs: state_dir/<job_id>
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.runs_dir, 0o700)
+        self.cgroups = cgroups if cgroups is not None else CgroupManager(cgroup_parent, pids_max=pids_max)
+        self._runs: dict[int, _Run] = {}
+
+    # -- start -------------------------------------------------------------------
+    def start(self, launch: Launch) -> dict:
+        job_id = launch.job_id
+        job_dir = self.runs_dir / str(job_id)
+        old = self._runs.get(job_id)
+        if old is not None and self.poll(job_id) is None:
+            raise RunnerError(f"job {job_id} is already running on this node; stop it first")
+        if job_dir.exists():
+            prev = _read_json(job_dir / "started.json") or {}
+            if _alive(prev.get("pid"), prev.get("starttime")):
+                raise RunnerError(f"job {job_id}: a process of an earlier run is still alive ({job_dir})")
+            shutil.rmtree(job_dir)
+        job_dir.mkdir(mode=0o700)
+
+        token = secrets.token_hex(16)
+        env = dict(launch.env)
+        try:
+            user = pwd.getpwuid(launch.uid).pw_name
+            env.setdefault("USER", user)
+            env.setdefault("LOGNAME", user)
+        except KeyError:
+            pass
+        env.setdefault("HOME", launch.home)
+        env.setdefault("PATH", DEFAULT_PATH)
+        env.setdefault("SHELL", "/bin/bash")
+        env.setdefault("MTGPU_JOB_ID", str(job_id))
+        env["MTGPU_RUN_TOKEN"] = token
+
+        fd = os.open(job_dir / "script", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, launch.script.encode())
+            os.fchown(fd, launch.uid, launch.gid)
+        finally:
+            os.close(fd)
+
+        cg, cg_error = None, None
+        try:
+            cg = self.cgroups.create(job_id, cpus=launch.cpus, mem_bytes=launch.mem_bytes,
+                                     deny_devices=self._denied_devices(launch))
+        except OSError as e:  # run with the fallbacks, and say so in the record
+            cg_error = f"could not create the job's cgroup: {e}"
+        enforced = self._enforced(launch, cg)
+        if cg_error:
+            enforced["cgroup_error"] = cg_error
+        rlimit_as = launch.mem_bytes if launch.mem_bytes and "memory" not in (cg.enforced if cg else {}) else None
+
+        spec = {
+            "job_id": job_id, "uid": launch.uid, "gid": launch.gid, "extra_gids": list(launch.extra_gids),
+            "workdir": launch.workdir, "log_path": launch.log_path, "env": env,
+            "argv": _interpreter(launch.script), "cgroup_procs": cg.procs_files if cg else [],
+            "rlimit_as": rlimit_as,
+        }
+        fd = os.open(job_dir / "launch.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, json.dumps(spec).encode())
+        finally:
+            os.close(fd)
+
+        shim_log = os.open(job_dir / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            shim = subprocess.Popen(
+                [sys.executable, "-I", "-S", SHIM_PATH, str(job_dir)],
+                stdin=subprocess.DEVNULL, stdout=shim_log, stderr=shim_log, cwd="/",
+                env={"PATH": DEFAULT_PATH}, start_new_session=True, close_fds=True,
+            )
+        except OSError as e:
+            if cg is not None:
+                self.cgroups.remove(job_id)
+            raise RunnerError(f"job {job_id}: could not start the shim {SHIM_PATH}: {e}") from e
+        finally:
+            os.close(shim_log)
+        state = {
+            "version": STATE_VERSION, "runner": "native", "job_id": job_id, "job_dir": str(job_dir),
+            "shim_pid": shim.pid, "shim_starttime": _starttime(shim.pid), "run_token": token,
+            "started_at": time.time(), "cgroup_version": cg.version if cg else None,
+            "cgroups": dict(cg.paths) if cg else {}, "enforced": enforced,
+            "limits": {"cpus": launch.cpus, "mem_bytes": launch.mem_bytes, "pids_max": self.cgroups.pids_max if cg else None},
+        }
+        self._runs[job_id] = _Run(state, shim)
+        return dict(state)
+
+    def _denied_devices(self, launch: Launch) -> list[tuple[str, int, int]]:
+        others = tuple(i for i in launch.all_gpu_indices if i not in launch.gpu_indices)
+        return gpu_device_nodes(launch.gpu_vendor, others)
+
+    def _enforced(self, launch: Launch, cg) -> dict:
+        got = dict(cg.enforced) if cg else {}
+        v = self.cgroups.version
+        out: dict[str, str] = {}
+        if launch.mem_bytes:
+            if "memory" in got:
+                out["memory"] = got["memory"]
+            else:
+                out["memory"] = "setrlimit(RLIMIT_AS)"
+                out["mem_fallback"] = "setrlimit"
+        else:
+            out["memory"] = "no limit requested"
+        out["cpu"] = got.get("cpu") or ("not enforced (cpu cgroup not writable)" if launch.cpus else "no limit requested")
+        out["pids"] = got.get("pids", "not enforced (pids cgroup not writable)")
+        if "devices" in got:
+            out["devices"] = got["devices"]
+        elif not gpu_device_nodes(launch.gpu_vendor, tuple(launch.all_gpu_indices)):
+            out["devices"] = "not applicable (no GPU device nodes)"
+        elif v == "v2":
+            out["devices"] = "not enforced (cgroup v2 needs eBPF)"
+        else:
+            out["devices"] = "not enforced (devices cgroup not writable)"
+        kill = "process group + /proc marker scan"
+        if cg is not None:
+            kill = (f"cgroup-{cg.version} " + ("freezer + " if "freezer" in cg.paths else "")) + kill
+        out["tree_kill"] = kill
+        return out
+
+    # -- poll / state ------------------------------------------------------------
+    def _run(self, job_id: int) -> _Run:
+        try:
+            return self._runs[job_id]
+        except KeyError:
+            raise KeyError(f"job {job_id} is not known to this runner: start() or load_state() it first") from None
+
+    def _exit_record(self, run: _Run) -> ExitInfo | None:
+        rec = _read_json(run.job_dir / "exit.json")
+        if rec is None:
+            return None
+        code, sig, why = rec.get("exit_code"), rec.get("signal"), rec.get("reason") or ""
+        if not why:
+            if sig is not None:
+                try:
+                    name = signal.Signals(sig).name
+                except ValueError:
+                    name = f"signal {sig}"
+                why = f"killed by {name}" + (" (stopped)" if run.stopped else "")
+            else:
+                why = f"exited with code {code}"
+        return ExitInfo(code, sig, why)
+
+    def _child(self, run: _Run) -> dict:
+        return _read_json(run.job_dir / "started.json") or {}
+
+    def _shim_alive(self, run: _Run) -> bool:
+        if run.shim is not None:
+            return run.shim.poll() is None
+        return _alive(run.state.get("shim_pid"), run.state.get("shim_starttime"))
+
+    def poll(self, job_id: int) -> ExitInfo | None:
+        run = self._run(job_id)
+        if run.exit is not None:
+            return run.exit
+        info = self._exit_record(run)
+        if info is None:
+            if self._shim_alive(run):
+                return None
+            info = self._exit_record(run)  # written just before the shim exited
+        if info is None:
+            child = self._child(run)
+            if _alive(child.get("pid"), child.get("starttime")):
+                return None  # the shim died, the job itself still runs
+            why = "stopped; the runner shim was killed before it recorded the exit" if run.stopped else \
+                "lost: the runner shim ended without an exit record"
+            info = ExitInfo(None, None, why)
+        if run.shim is not None:
+            run.shim.poll()
+        run.exit = info
+        return info
+
+    def get_state(self, job_id: int) -> dict:
+        run = self._run(job_id)
+        child = self._child(run)
+        if child:
+            run.state["job_pid"] = child.get("pid")
+            run.state["job_starttime"] = child.get("starttime")
+        return dict(run.state)
+
+    def load_state(self, job_id: int, state: dict) -> bool:
+        job_dir = Path(state.get("job_dir") or self.runs_dir / str(job_id))
+        state = dict(state, job_dir=str(job_dir), job_id=job_id)
+        if "run_token" not in state:  # the persisted state was lost: rebuild it from launch.json
+            spec = _read_json(job_dir / "launch.json") or {}
+            state["run_token"] = spec.get("env", {}).get("MTGPU_RUN_TOKEN", "")
+            state.setdefault("cgroups", {str(i): os.path.dirname(p) for i, p in enumerate(spec.get("cgroup_procs", []))})
+            state.setdefault("cgroup_version", self.cgroups.version)
+        known = self._runs.get(job_id)
+        run = _Run(state, shim=known.shim if known is not None else None)
+        self._runs[job_id] = run
+        if state.get("cgroups"):
+            self.cgroups.attach(job_id, state.get("cgroup_version") or "", state["cgroups"])
+        if (job_dir / "exit.json").exists() or self._shim_alive(run):
+            return True
+        child = self._child(run)
+        return _alive(child.get("pid"), child.get("starttime"))
+
+    def enforced(self, job_id: int) -> dict:
+        return dict(self._run(job_id).state.get("enforced", {}))
+
+    # -- stop / cleanup ----------------------------------------------------------
+    def _tree(self, run: _Run) -> set[int]:
+        """Every live process of the job: its cgroups, its process group, its marker."""
+        job_id = run.state["job_id"]
+        pids = self.cgroups.pids(job_id)
+        child = self._child(run)
+        if _alive(child.get("pid"), child.get("starttime")):
+            pids |= _pgroup_pids(child["pid"]) | {child["pid"]}
+        if run.state.get("run_token"):
+            pids |= marked_pids(job_id, run.state["run_token"])
+        pids.discard(run.state.get("shim_pid"))
+        pids.discard(os.getpid())
+        return pids
+
+    @staticmethod
+    def _signal(pids: set[int], sig: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def _wait_empty(self, run: _Run, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._tree(run):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self, job_id: int, grace_s: float = 5.0) -> None:
+        """SIGTERM the job's whole tree (through the shim and directly), SIGKILL what is
+        left after grace_s, then let the shim record the exit. Bounded: gives up after
+        grace_s plus about 8 s, which only unkillable (D-state) processes can reach."""
+        run = self._run(job_id)
+        run.stopped = True
+        job_id = run.state["job_id"]
+        if grace_s > 0:
+            if self._shim_alive(run):
+                self._signal({run.state["shim_pid"]}, signal.SIGTERM)
+            self._signal(self._tree(run), signal.SIGTERM)
+            self._wait_empty(run, grace_s)
+        deadline = time.monotonic() + 5.0
+        while True:
+            self.cgroups.kill_all(job_id, timeout_s=1.0)
+            left = self._tree(run)
+            if not left or time.monotonic() >= deadline:
+                break
+            self._signal(left, signal.SIGKILL)
+            time.sleep(0.02)
+        # the shim reaps the job and writes exit.json, then exits
+        deadline = time.monotonic() + 3.0
+        while self._shim_alive(run) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._shim_alive(run):
+            self._signal({run.state["shim_pid"]}, signal.SIGKILL)
+            if run.shim is not None:
+                try:
+                    run.shim.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    def cleanup(self, job_id: int) -> None:
+        """After the job ended: kill what it left running in the background and remove its
+        cgroups. The exit record stays until forget()."""
+        run = self._run(job_id)
+        if self._tree(run):
+            self.cgroups.kill_all(job_id, timeout_s=2.0)
+            self._signal(self._tree(run), signal.SIGKILL)
+        self.cgroups.remove(job_id)
+
+    def forget(self, job_id: int) -> None:
+        """Drop everything this runner keeps about a finished job."""
+        run = self._runs.get(job_id)
+        if run is None:
+            return
+        self.cleanup(job_id)
+        if run.shim is not None:
+            run.shim.poll()
+        shutil.rmtree(run.job_dir, ignore_errors=True)
+        del self._runs[job_id]

@@ -1,0 +1,189 @@
+"""The job shim: runs one job as its tenant and records how it ended.
+
+Started by the native runner as root, as `python -I -S shim.py JOB_DIR`, in a session
+of its own, so that it outlives the server. Standard library only and no imports of
+ours: it must start fast and must not depend on the server's environment.
+
+JOB_DIR (root-owned, 0700) holds launch.json (written by the runner), `script`
+(0600, owned by the tenant) and, written here: started.json (the job's pid and its
+start time, to detect PID reuse on re-attach) and exit.json (written atomically when
+the job ends). The shim ignores SIGHUP and forwards SIGTERM/SIGINT to the job's
+process group. It stays *outside* the job's cgroups: the job process joins them
+itself between fork and exec (still root, before any job code runs), so an OOM kill
+or a cgroup-wide kill takes the job and never the shim, which then records the truth.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+import time
+
+_child_pid = 0
+
+
+def _starttime(pid):
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    with open("/proc/%d/stat" % pid, "rb") as f:
+        data = f.read()
+    return int(data.rsplit(b")", 1)[1].split()[19])
+
+
+def _write_json_atomic(path, obj):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(obj).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _forward(signum, _frame):
+    if _child_pid:
+        for send in (os.killpg, os.kill):
+            try:
+                send(_child_pid, signum)
+            except OSError:
+                pass
+
+
+def _set_subreaper():
+    """Orphans of the job are re-parented to the shim (not to a PID 1 that may not reap)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        pass
+
+
+def _open_log(path, uid, gid):
+    """Open the job's log for appending as root, refusing links planted by anyone."""
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, 0o755, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in (0, uid):
+        os.close(fd)
+        raise OSError("refusing log %s: not a plain file of its own (links or foreign owner)" % path)
+    os.fchown(fd, uid, gid)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _child(spec, log_fd, script_fd, err_w):
+    """In the forked child: confine, drop to the tenant, exec. Never returns."""
+    step = "start"
+    try:
+        os.setsid()
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        step = "join the job's cgroups"
+        me = str(os.getpid()).encode()
+        for procs in spec["cgroup_procs"]:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, me)
+            finally:
+                os.close(fd)
+        step = "set up stdin/stdout/stderr"
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        step = "set resource limits"
+        if spec.get("rlimit_as"):
+            resource.setrlimit(resource.RLIMIT_AS, (spec["rlimit_as"], spec["rlimit_as"]))
+        step = "drop to uid %d gid %d" % (spec["uid"], spec["gid"])
+        gid, uid = spec["gid"], spec["uid"]
+        os.setgroups([gid] + [g for g in spec["extra_gids"] if g != gid])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        step = "change to the working directory %s" % spec["workdir"]
+        os.chdir(spec["workdir"])
+        step = "run %s" % spec["argv"][0]
+        os.set_inheritable(script_fd, True)
+        argv = list(spec["argv"]) + ["/dev/fd/%d" % script_fd]
+        os.execve(argv[0], argv, spec["env"])
+    except BaseException as e:  # report to the shim, which records it as the reason
+        try:
+            os.write(err_w, ("could not %s: %s" % (step, e)).encode()[:4000])
+        finally:
+            os._exit(127)
+
+
+def main(job_dir):
+    global _child_pid
+    with open(os.path.join(job_dir, "launch.json"), "rb") as f:
+        spec = json.load(f)
+    exit_path = os.path.join(job_dir, "exit.json")
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    _set_subreaper()
+    try:
+        log_fd = _open_log(spec["log_path"], spec["uid"], spec["gid"])
+        script_fd = os.open(os.path.join(job_dir, "script"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        _write_json_atomic(exit_path, {"exit_code": 127, "signal": None, "ended_at": time.time(),
+                                       "reason": "could not prepare the job: %s" % e})
+        return 0
+    err_r, err_w = os.pipe()  # both close-on-exec: EOF on exec success
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGINT])
+    pid = os.fork()
+    if pid == 0:
+        os.close(err_r)
+        _child(spec, log_fd, script_fd, err_w)
+    _child_pid = pid
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a SIGTERM that came meanwhile is forwarded now
+    os.close(err_w)
+    os.close(log_fd)
+    os.close(script_fd)
+    try:
+        _write_json_atomic(os.path.join(job_dir, "started.json"),
+                           {"pid": pid, "starttime": _starttime(pid), "started_at": time.time()})
+    except OSError:
+        pass  # the child is already gone; its exit is recorded below
+    chunks = []
+    while True:
+        b = os.read(err_r, 4096)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(err_r)
+    setup_error = b"".join(chunks).decode(errors="replace")
+
+    status = None
+    while True:
+        try:
+            got, st = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if got == pid:
+            status = st
+            break
+    while True:  # reap orphans that were re-parented to us
+        try:
+            got, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if got == 0:
+            break
+
+    rec = {"exit_code": None, "signal": None, "ended_at": time.time(), "reason": setup_error}
+    if status is not None:
+        if os.WIFSIGNALED(status):
+            rec["signal"] = os.WTERMSIG(status)
+        else:
+            rec["exit_code"] = os.waitstatus_to_exitcode(status)
+    _write_json_atomic(exit_path, rec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,323 @@
+"""The native runner with real tenants, real processes and (where writable) real cgroups.
+
+Every job is stopped and forgotten at teardown; every process a test starts itself is
+killed by PID. Waits poll with deadlines and say what they waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+try:
+    from tests.support.fixtures import temp_user_factory, tenant  # noqa: F401
+except ModuleNotFoundError:  # plain `pytest` without the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.support.fixtures import temp_user_factory, tenant  # noqa: F401
+
+from mtgpu.agent.runners.base import ExitInfo, Launch, Runner
+from mtgpu.agent.runners.native import NativeRunner, marked_pids
+
+pytestmark = pytest.mark.integration
+
+if sys.platform != "linux" or os.geteuid() != 0:
+    pytest.skip("the native runner needs Linux and root", allow_module_level=True)
+
+
+def wait_for(what: str, check, timeout_s: float = 10.0, interval_s: float = 0.02):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def wait_exit(runner: NativeRunner, job_id: int, timeout_s: float = 20.0) -> ExitInfo:
+    return wait_for(f"job {job_id} to end", lambda: runner.poll(job_id), timeout_s)
+
+
+class Runners:
+    """Makes runners on one state dir and leaves nothing behind: stops every job, reaps
+    the shims they started, removes job dirs and the test's cgroup parent."""
+
+    def __init__(self):
+        self.state_dir = Path(tempfile.mkdtemp(prefix="mtgpu-runner-"))
+        # logs live where other users could reach them, so that file modes are what is tested
+        self.log_dir = Path(tempfile.mkdtemp(prefix="mtgpu-logs-"))
+        os.chmod(self.log_dir, 0o755)
+        self.cgroup_parent = f"mtgpu-test-{secrets.token_hex(4)}"
+        self.made: list[NativeRunner] = []
+        self.cgroup_bases: set[Path] = set()
+
+    def new(self, *, cgroups: bool = True) -> NativeRunner:
+        """A runner; with cgroups=False one that behaves as on a machine without writable
+        cgroups (setrlimit, process group and /proc marker scan only)."""
+        r = NativeRunner(self.state_dir, cgroup_parent=self.cgroup_parent)
+        self.cgroup_bases |= set(r.cgroups.bases.values())
+        if not cgroups:
+            r.cgroups.unavailable.update({c: "disabled by the test" for c in r.cgroups.bases})
+            r.cgroups.bases.clear()
+        self.made.append(r)
+        return r
+
+    def close(self) -> None:
+        for r in self.made:
+            for job_id, run in list(r._runs.items()):
+                try:
+                    r.stop(job_id, grace_s=0)
+                    r.forget(job_id)
+                finally:
+                    if run.shim is not None:
+                        if run.shim.poll() is None:
+                            run.shim.kill()
+                        run.shim.wait(timeout=5)
+        bases = set(self.cgroup_bases)
+        bases |= {Path(p).parent for r in self.made for cg in r.cgroups._jobs.values() for p in cg.paths.values()}
+        for base in bases:
+            dirs = [d for d in base.glob("*") if d.is_dir()] + [base]
+            # a killed process re-parented to a PID 1 that reaps slowly can hold a group briefly
+            wait_for(f"{base} to be removable", lambda: all(rmdir_if_there(d) for d in dirs), timeout_s=10)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+def rmdir_if_there(d: Path) -> bool:
+    try:
+        d.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def runners():
+    rs = Runners()
+    try:
+        yield rs
+    finally:
+        rs.close()
+
+
+@pytest.fixture
+def runner(runners) -> NativeRunner:
+    return runners.new()
+
+
+@pytest.fixture(params=["cgroups", "no-cgroups"])
+def any_runner(request, runners) -> NativeRunner:
+    """The runner as configured here, and as on a machine without writable cgroups."""
+    return runners.new(cgroups=request.param == "cgroups")
+
+
+def make_launch(runners: Runners, user, script: str, job_id: int = 1, **kw) -> Launch:
+    fields = dict(
+        job_id=job_id, uid=user.uid, gid=user.gid, extra_gids=(), home=user.home, workdir=user.home,
+        script=script, env={"MTGPU_JOB_ID": str(job_id), "CUDA_VISIBLE_DEVICES": "1"},
+        log_path=str(runners.log_dir / f"job-{job_id}.log"), cpus=None, mem_bytes=None,
+        gpu_vendor=None, gpu_indices=(), all_gpu_indices=(),
+    )
+    fields.update(kw)
+    return Launch(**fields)
+
+
+def log_of(launch: Launch) -> str:
+    """The job's output so far ("" before the shim created the log)."""
+    try:
+        return Path(launch.log_path).read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_native_runner_keeps_the_runner_contract(runner):
+    assert isinstance(runner, Runner)
+
+
+def test_job_runs_as_the_tenant_and_its_log_is_private_to_it(runners, runner, tenant):
+    launch = make_launch(runners, tenant, "id -u\nid -g\npwd\n")
+    runner.start(launch)
+    assert wait_exit(runner, 1).exit_code == 0
+    uid, gid, cwd = log_of(launch).split()
+    assert (int(uid), int(gid), cwd) == (tenant.uid, tenant.gid, tenant.home)
+    st = os.stat(launch.log_path)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (tenant.uid, tenant.gid, 0o600)
+
+
+def test_job_sees_exactly_the_environment_it_was_given(runners, runner, tenant, monkeypatch):
+    monkeypatch.setenv("MTGPU_TEST_SERVER_ONLY", "leaked")
+    env = {"MTGPU_JOB_ID": "1", "MTGPU_NODE": "n1", "CUDA_VISIBLE_DEVICES": "2,3", "PATH": "/usr/bin:/bin"}
+    launch = make_launch(runners, tenant, "tr '\\0' '\\n' < /proc/$$/environ\n", env=env)
+    state = runner.start(launch)
+    assert wait_exit(runner, 1).exit_code == 0
+    got = dict(line.split("=", 1) for line in log_of(launch).splitlines())
+    assert got == {
+        **env, "HOME": tenant.home, "USER": tenant.name, "LOGNAME": tenant.name, "SHELL": "/bin/bash",
+        "MTGPU_RUN_TOKEN": state["run_token"],
+    }
+
+
+def test_script_with_a_shebang_runs_under_its_interpreter(runners, runner, tenant):
+    if not shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin"):
+        pytest.skip("no system python3 a tenant can run")
+    launch = make_launch(runners, tenant, "#!/usr/bin/env python3\nimport os\nprint('py', os.getuid())\n")
+    runner.start(launch)
+    assert wait_exit(runner, 1).exit_code == 0
+    assert log_of(launch).split() == ["py", str(tenant.uid)]
+
+
+def test_exit_code_is_recorded(runners, runner, tenant):
+    runner.start(make_launch(runners, tenant, "echo bye\nexit 7\n"))
+    info = wait_exit(runner, 1)
+    assert (info.exit_code, info.signal) == (7, None)
+    assert "7" in info.reason
+
+
+def test_a_job_that_cannot_start_fails_with_the_reason(runners, runner, tenant):
+    runner.start(make_launch(runners, tenant, "true\n", workdir="/nonexistent/dir"))
+    info = wait_exit(runner, 1)
+    assert info.exit_code == 127 and "/nonexistent/dir" in info.reason
+
+
+def test_stop_leaves_no_process_of_the_job_behind(runners, any_runner, tenant):
+    runner = any_runner
+    script = """
+sleep 300 &
+(sleep 301 &)
+setsid bash -c 'sleep 302 & wait' &
+bash -c 'trap "" TERM; sleep 303' &
+echo ready
+wait
+"""
+    launch = make_launch(runners, tenant, script)
+    state = runner.start(launch)
+    token = state["run_token"]
+    sleeps = {f"sleep\x00{n}\x00".encode() for n in (300, 301, 302, 303)}
+    wait_for("the job's four sleeps", lambda: sleeps <= {cmdline(p) for p in marked_pids(1, token)})
+    assert runner.poll(1) is None
+    runner.stop(1, grace_s=0.5)  # the TERM-ignoring sleep needs the SIGKILL
+    assert marked_pids(1, token) == set()
+    assert runner.cgroups.pids(1) == set()
+    info = runner.poll(1)
+    assert info is not None and info.exit_code is None and info.signal in (signal.SIGTERM, signal.SIGKILL)
+
+
+def test_enforced_says_what_is_enforced_here(runners, runner, tenant):
+    runner.start(make_launch(runners, tenant, "true\n", cpus=0.5, mem_bytes=256 << 20))
+    wait_exit(runner, 1)
+    enf = runner.enforced(1)
+    cg = runner.cgroups
+    tag = f"cgroup-{cg.version}"
+    assert enf["memory"] == (tag if "memory" in cg.bases or "unified" in cg.bases else "setrlimit(RLIMIT_AS)")
+    assert enf["cpu"] == (tag if "cpu" in cg.bases or "unified" in cg.bases else "not enforced (cpu cgroup not writable)")
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        assert enf["devices"] == "not applicable (no GPU device nodes)"
+
+
+def test_a_job_over_its_memory_limit_is_killed(runners, runner, tenant):
+    if "memory" not in runner.cgroups.bases:
+        pytest.skip(f"no writable v1 memory cgroup here: {runner.cgroups.unavailable.get('memory')}")
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("no /usr/bin/python3 to allocate memory with")
+    script = "exec /usr/bin/python3 -c \"x = 'x' * (400 << 20); print('survived')\"\n"
+    launch = make_launch(runners, tenant, script, mem_bytes=64 << 20)
+    runner.start(launch)
+    info = wait_exit(runner, 1, timeout_s=30)
+    assert runner.enforced(1)["memory"] == "cgroup-v1"
+    assert info.signal == signal.SIGKILL, info
+    assert "survived" not in log_of(launch)
+
+
+def test_without_cgroups_memory_falls_back_to_setrlimit(runners, tenant):
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("no /usr/bin/python3 to allocate memory with")
+    runner = runners.new(cgroups=False)
+    script = "exec /usr/bin/python3 -c \"x = 'x' * (400 << 20); print('survived')\"\n"
+    launch = make_launch(runners, tenant, script, mem_bytes=128 << 20, cpus=1)
+    runner.start(launch)
+    info = wait_exit(runner, 1, timeout_s=30)
+    assert info.exit_code == 1 and "MemoryError" in log_of(launch)
+    enf = runner.enforced(1)
+    assert (enf["memory"], enf["mem_fallback"]) == ("setrlimit(RLIMIT_AS)", "setrlimit")
+    assert enf["cpu"].startswith("not enforced")
+    assert enf["tree_kill"] == "process group + /proc marker scan"
+
+
+def test_a_new_runner_reattaches_to_a_running_job(runners, tenant):
+    first = runners.new()
+    state = first.start(make_launch(runners, tenant, "sleep 2\nexit 3\n"))
+    wait_for("the job to start", lambda: first.get_state(1).get("job_pid"))
+    state = first.get_state(1)
+
+    second = runners.new()  # the server restarted
+    assert second.load_state(1, state) is True
+    assert second.poll(1) is None
+    info = wait_exit(second, 1)
+    assert (info.exit_code, info.signal) == (3, None)
+    first._runs[1].shim.wait(timeout=5)  # reap: the test process was the shim's parent
+    del first._runs[1]
+
+
+def test_reattach_without_the_persisted_state_still_finds_and_stops_the_job(runners, tenant):
+    first = runners.new()
+    state = first.start(make_launch(runners, tenant, "sleep 300 &\nsleep 301\n"))
+    sleeps = {b"sleep\x00300\x00", b"sleep\x00301\x00"}
+    wait_for("the job's sleeps", lambda: sleeps <= {cmdline(p) for p in marked_pids(1, state["run_token"])})
+
+    second = runners.new()  # restarted, and the agent lost its copy of the state
+    assert second.load_state(1, {}) is True
+    assert second.poll(1) is None
+    second.stop(1, grace_s=1)
+    assert marked_pids(1, state["run_token"]) == set()
+    assert second.poll(1) is not None
+    first._runs[1].shim.wait(timeout=5)
+    del first._runs[1]
+
+
+def test_a_job_whose_shim_and_process_were_killed_is_lost(runners, tenant):
+    first = runners.new()
+    first.start(make_launch(runners, tenant, "exec sleep 300\n"))
+    state = wait_for("the job to exec sleep",
+                     lambda: (s := first.get_state(1)).get("job_pid") and cmdline(s["job_pid"]) == b"sleep\x00300\x00" and s)
+    for pid in (state["shim_pid"], state["job_pid"]):
+        os.kill(pid, signal.SIGKILL)
+    first._runs[1].shim.wait(timeout=5)
+    wait_for("the job's process to die", lambda: not marked_pids(1, state["run_token"]))
+    del first._runs[1]
+
+    second = runners.new()
+    assert second.load_state(1, state) is False
+    info = second.poll(1)
+    assert info is not None and info.exit_code is None and "lost" in info.reason
+
+
+def test_a_tenant_cannot_read_another_tenants_log(runners, runner, temp_user_factory):
+    alice, bob = temp_user_factory("mtta"), temp_user_factory("mttb")
+    launch = make_launch(runners, alice, "echo alice-secret\n")
+    runner.start(launch)
+    wait_exit(runner, 1)
+    as_bob = subprocess.run(["cat", launch.log_path], user=bob.uid, group=bob.gid, extra_groups=[],
+                            capture_output=True, text=True, timeout=10)
+    assert as_bob.returncode != 0 and "Permission denied" in as_bob.stderr
+    as_alice = subprocess.run(["cat", launch.log_path], user=alice.uid, group=alice.gid, extra_groups=[],
+                              capture_output=True, text=True, timeout=10)
+    assert as_alice.stdout == "alice-secret\n"

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: real OS facilities (temporary Linux users, ...)."""

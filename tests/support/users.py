@@ -1,0 +1,110 @@
+"""Temporary real Linux users for tests that run processes as tenants.
+
+    with temp_user("mtt") as u:          # u.name, u.uid, u.gid, u.home
+        subprocess.run(["id"], user=u.uid, group=u.gid)
+
+Needs root and `useradd`/`userdel`. UIDs/GIDs come from a range above the
+distribution's (250000-259999 by default, inside TENANT_UID_RANGE's default) so they
+never collide with real accounts. The user, its group and its home are removed on
+exit even when the test fails; processes still running as the user are killed first
+(by PID) so that userdel can succeed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+UID_RANGE = (250_000, 259_999)
+
+
+@dataclass(frozen=True)
+class TempUser:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def can_create_users() -> str | None:
+    """None when temp_user works here, else why not (for pytest.skip)."""
+    if os.geteuid() != 0:
+        return "creating Linux users needs root"
+    for tool in ("useradd", "userdel"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    return None
+
+
+def _retry_locked(cmd: list[str], attempts: int = 20) -> subprocess.CompletedProcess:
+    """Run useradd/userdel, retrying while another process holds /etc/passwd's lock."""
+    for i in range(attempts):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode == 0 or "lock" not in (r.stderr or "").lower() or i == attempts - 1:
+            return r
+        time.sleep(0.05 * (i + 1))
+    return r
+
+
+def _kill_processes_of(uid: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    if os.stat(f"/proc/{name}").st_uid == uid:
+                        pids.append(int(name))
+                except OSError:
+                    pass
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def temp_user(prefix: str = "mtt", *, uid_range: tuple[int, int] = UID_RANGE,
+              home_parent: str | None = None) -> Iterator[TempUser]:
+    """Create a uniquely named user with a private group and home; remove it on exit."""
+    why = can_create_users()
+    if why:
+        raise RuntimeError(why)
+    name = f"{prefix}{secrets.token_hex(4)}"[:32]
+    own_parent = home_parent is None
+    parent = tempfile.mkdtemp(prefix="mtgpu-homes-") if own_parent else home_parent
+    os.chmod(parent, 0o755)  # the user must be able to reach its home
+    home = os.path.join(parent, name)
+    lo, hi = uid_range
+    cmd = ["useradd", "-m", "-d", home, "-s", "/bin/bash",
+           "-K", f"UID_MIN={lo}", "-K", f"UID_MAX={hi}", "-K", f"GID_MIN={lo}", "-K", f"GID_MAX={hi}", name]
+    r = _retry_locked(cmd)
+    if r.returncode != 0:
+        if own_parent:
+            shutil.rmtree(parent, ignore_errors=True)
+        raise RuntimeError(f"useradd {name} failed ({r.returncode}): {r.stderr.strip()}")
+    try:
+        out = subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout
+        uid = int(out)
+        gid = int(subprocess.run(["id", "-g", name], capture_output=True, text=True, check=True).stdout)
+        yield TempUser(name, uid, gid, home)
+    finally:
+        with contextlib.suppress(Exception):
+            _kill_processes_of(int(subprocess.run(["id", "-u", name], capture_output=True, text=True).stdout))
+        r = _retry_locked(["userdel", "-r", name])
+        if r.returncode not in (0, 12):  # 12: home could not be removed (removed below)
+            _retry_locked(["userdel", "-f", "-r", name])
+        if own_parent:
+            shutil.rmtree(parent, ignore_errors=True)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
