@@ -103,6 +103,7 @@ class NodeService:
             elif r.outcome == "lost":
                 self.apply(C.JOB_FINISH, job_id=r.job_id, at=self.clock(), state="lost", attempt=job.attempt,
                            reason="its processes were gone, with no exit record, when the server restarted")
+                self.agent.forget(r.job_id)
             elif r.outcome == "ended":
                 self._finish(r.job_id, r.exit)
             else:

@@ -160,10 +160,8 @@ class Node:
 
 def kill_leftover_runs(state_dir: Path) -> None:
     """Last resort: kill job processes this node started (found by its run records), by PID."""
-    runs = state_dir / "runs"
-    if not runs.is_dir():
-        return
-    for record in runs.glob("*/*.json"):
+    records = list((state_dir / "runs").glob("*/started.json")) + list((state_dir / "agent").glob("*.json"))
+    for record in records:
         with contextlib.suppress(Exception):
             data = json.loads(record.read_text())
             for key in ("pid", "shim_pid", "child_pid"):
