@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,9 @@ class LocalAgent:
         self.backend = backend
         self._dir = self.state_dir / "agent"
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._active: set[int] = set()
+        self._active: dict[int, int] = {}  # job id -> attempt running here
         self._stopping: set[int] = set()
+        self._last_gpus: list[GpuInfo] = []
         self._lock = threading.Lock()
 
     @classmethod
@@ -52,11 +54,15 @@ class LocalAgent:
 
     # ------------------------------------------------------------ measuring
     def sample(self) -> tuple[list[GpuInfo], HostInfo]:
-        return self.backend.sample(), sample_host()
+        self._last_gpus = self.backend.sample()
+        return self._last_gpus, sample_host()
 
     # ------------------------------------------------------------ acting
-    def start(self, launch: Launch) -> dict:
-        """Start a job; returns what was enforced. Raises RunnerError when it cannot start."""
+    def start(self, launch: Launch, attempt: int = 0) -> dict:
+        """Start one rank of a job; returns what was enforced. Raises RunnerError when it cannot start.
+
+        The record of (job, attempt) is written before the process starts, so after a
+        crash the agent knows whether this attempt may have run (never start it twice)."""
         for d, mode, owner in ((Path(launch.log_path).parent.parent, 0o755, None),
                                (Path(launch.log_path).parent, 0o700, (launch.uid, launch.gid))):
             if not d.is_dir():
@@ -64,10 +70,19 @@ class LocalAgent:
                 os.chmod(d, mode)
                 if owner:
                     os.chown(d, *owner)
-        state = self.runner.start(launch)
-        self._save(launch.job_id, state)
+        if (self.state_dir / "runs" / str(launch.job_id)).exists():
+            self._discard_old_run(launch.job_id)
+        self._save(launch.job_id, {"attempt": attempt, "runner": None})
         with self._lock:
-            self._active.add(launch.job_id)
+            self._active[launch.job_id] = attempt
+        try:
+            state = self.runner.start(launch)
+        except Exception:
+            with self._lock:
+                self._active.pop(launch.job_id, None)
+            self._drop_record(launch.job_id)
+            raise
+        self._save(launch.job_id, {"attempt": attempt, "runner": state})
         return self.runner.enforced(launch.job_id)
 
     def reap(self) -> list[tuple[int, ExitInfo]]:
@@ -94,14 +109,26 @@ class LocalAgent:
     def forget(self, job_id: int) -> None:
         """Drop a job whose end has been recorded."""
         with self._lock:
-            self._active.discard(job_id)
+            self._active.pop(job_id, None)
             self._stopping.discard(job_id)
-        cleanup = getattr(self.runner, "cleanup", None)
-        if cleanup is not None:
-            try:
-                cleanup(job_id)
-            except OSError as e:
-                log.warning("job %d: cleanup failed: %s", job_id, e)
+        try:
+            self.runner.forget(job_id)
+        except OSError as e:
+            log.warning("job %d: cleanup failed: %s", job_id, e)
+        self._drop_record(job_id)
+
+    def _discard_old_run(self, job_id: int) -> None:
+        """The run folder of an earlier attempt of this job: make sure nothing of it
+        still runs, then remove it."""
+        try:
+            if self.runner.load_state(job_id, self._load(self._dir / f"{job_id}.json").get("runner") or {}):
+                self.runner.stop(job_id, grace_s=1.0)
+            self.runner.forget(job_id)
+        except OSError as e:
+            log.warning("job %d: removing the earlier run failed: %s", job_id, e)
+        shutil.rmtree(self.state_dir / "runs" / str(job_id), ignore_errors=True)
+
+    def _drop_record(self, job_id: int) -> None:
         try:
             (self._dir / f"{job_id}.json").unlink()
         except FileNotFoundError:
@@ -111,21 +138,29 @@ class LocalAgent:
         with self._lock:
             return set(self._active)
 
+    def attempts(self) -> dict[int, int]:
+        """The attempt of each job running here."""
+        with self._lock:
+            return dict(self._active)
+
+    def gpu_indices(self) -> list[int]:
+        return [g.index for g in self._last_gpus]
+
     def reattach(self, job_ids: list[int]) -> list[Reattach]:
         """After a restart: find out, for each job the state says runs here, what became of it."""
         results = []
         for job_id in job_ids:
-            path = self._dir / f"{job_id}.json"
+            record = self._load(self._dir / f"{job_id}.json")
             run_dir = self.state_dir / "runs" / str(job_id)
-            if not path.exists() and not run_dir.exists():
+            if not run_dir.exists():
+                self._drop_record(job_id)
                 results.append(Reattach(job_id, "never-started"))
                 continue
-            state = self._load(path)
-            if not self.runner.load_state(job_id, state):
+            if not self.runner.load_state(job_id, record.get("runner") or {}):
                 results.append(Reattach(job_id, "lost"))
                 continue
             with self._lock:
-                self._active.add(job_id)
+                self._active[job_id] = record.get("attempt", 0)
             info = self.runner.poll(job_id)
             results.append(Reattach(job_id, "ended" if info else "running", info))
         return results

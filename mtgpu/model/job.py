@@ -159,6 +159,8 @@ class Job:
     attempt: int = 0
     enforced: dict = field(default_factory=dict)
     log_path: str = ""
+    master_port: int | None = None  # gangs: the rendezvous port rank 0's node picked
+    rank_exits: dict = field(default_factory=dict)  # gangs: rank (as str) -> exit code of ranks that ended well
 
     def to_dict(self) -> dict:
         return {
@@ -179,6 +181,8 @@ class Job:
             "attempt": self.attempt,
             "enforced": dict(self.enforced),
             "log_path": self.log_path,
+            "master_port": self.master_port,
+            "rank_exits": dict(self.rank_exits),
         }
 
     @classmethod
@@ -201,4 +205,6 @@ class Job:
             attempt=d.get("attempt", 0),
             enforced=dict(d.get("enforced", {})),
             log_path=d.get("log_path", ""),
+            master_port=d.get("master_port"),
+            rank_exits=dict(d.get("rank_exits", {})),
         )

@@ -12,8 +12,10 @@ import uvicorn
 
 from ..agent.local import LocalAgent
 from ..config import Config
+from ..state.journal import JournaledState
 from .api import local_app, public_app
 from .identity import PeerCredProtocol
+from .node import Node
 from .service import NodeService
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,13 @@ def build_service(config: Config) -> NodeService:
     state_dir = Path(config.STATE_DIR)
     prepare_state_dir(state_dir)
     agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), seed=config.NODE_NAME)
-    return NodeService(config, agent)
+    if config.CLUSTER_MODE == "cluster":
+        from .cluster import open_cluster_node  # only cluster members load pysyncobj
+
+        node = open_cluster_node(config, agent)
+    else:
+        node = Node(config, agent, JournaledState(state_dir / "state"))
+    return NodeService(node)
 
 
 async def _serve(service: NodeService, config: Config) -> None:
@@ -77,9 +85,9 @@ async def _serve(service: NodeService, config: Config) -> None:
 
 def run_node(config: Config) -> int:
     service = build_service(config)
-    service.start()
+    service.node.start()
     try:
         asyncio.run(_serve(service, config))
     finally:
-        service.stop()
+        service.node.stop()
     return 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob
+import math
+
+from ..model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob, RunningAlloc, TenantUsage
 from ..model.gpu import GpuInfo, HostInfo, normalize_model
 from ..model.job import JobState
 from ..state.machine import StateMachine
@@ -20,9 +22,7 @@ class NodeTelemetry:
     reported_at: float = 0.0
 
 
-def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry],
-                   down: dict[str, str] | None = None) -> ClusterSnapshot:
-    down = down or {}
+def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry]) -> ClusterSnapshot:
     nodes = []
     for rec in machine.nodes.values():
         commit = machine.commitment(rec.name)
@@ -45,7 +45,7 @@ def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry],
                 shared_jobs=c.shared if c else 0,
                 oversubscribed_jobs=c.oversubscribed if c else 0,
             ))
-        reason = rec.drain_reason if rec.drained else down.get(rec.name, "")
+        reason = rec.unavailable_reason
         nodes.append(NodeView(
             name=rec.name,
             gpus=gpus,
@@ -57,7 +57,37 @@ def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry],
             schedulable=not reason,
             unschedulable_reason=reason,
         ))
-    return ClusterSnapshot(nodes=nodes)
+    running = [
+        RunningAlloc(job.id, job.allocations,
+                     job.started_at + job.spec.time_limit_s if job.spec.time_limit_s and job.started_at else None)
+        for job in machine.running_jobs()
+    ]
+    return ClusterSnapshot(nodes=nodes, running=running)
+
+
+USAGE_HALF_LIFE_S = 6 * 3600.0
+
+
+def build_usage(machine: StateMachine, now: float, half_life_s: float = USAGE_HALF_LIFE_S) -> dict[str, TenantUsage]:
+    """Recent GPU use per tenant, in GPU-seconds decayed with a half-life (for fair share).
+
+    Jobs that ended more than eight half-lives ago no longer count."""
+    usage: dict[str, TenantUsage] = {}
+    horizon = now - 8 * half_life_s
+    for job in machine.jobs.values():
+        if job.started_at is None:
+            continue
+        end = job.ended_at if job.ended_at is not None else now
+        if end < horizon:
+            continue
+        gpus = sum(g.fraction for a in job.allocations for g in a.gpus) if job.allocations else \
+            max((alt.count for alt in job.spec.gpus), default=0.0) * job.spec.nodes
+        if gpus <= 0:
+            continue
+        seconds = max(0.0, end - job.started_at) * math.pow(0.5, max(0.0, now - end) / half_life_s)
+        u = usage.setdefault(job.tenant, TenantUsage(job.tenant))
+        u.gpu_seconds += gpus * seconds
+    return usage
 
 
 def build_queue(machine: StateMachine) -> list[PendingJob]:

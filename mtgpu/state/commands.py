@@ -16,6 +16,10 @@ TENANT_ENSURE = "tenant.ensure.v1"
 NODE_REGISTER = "node.register.v1"
 NODE_DRAIN = "node.drain.v1"
 NODE_RESUME = "node.resume.v1"
+NODE_DOWN = "node.down.v1"
+NODE_UP = "node.up.v1"
+NODE_REMOVE = "node.remove.v1"
+SCHED_ELECT = "scheduler.elect.v1"
 JOB_SUBMIT = "job.submit.v1"
 JOB_START = "job.start.v1"
 JOB_ANNOTATE = "job.annotate.v1"
@@ -29,6 +33,10 @@ ALL_COMMANDS = (
     NODE_REGISTER,
     NODE_DRAIN,
     NODE_RESUME,
+    NODE_DOWN,
+    NODE_UP,
+    NODE_REMOVE,
+    SCHED_ELECT,
     JOB_SUBMIT,
     JOB_START,
     JOB_ANNOTATE,

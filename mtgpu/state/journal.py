@@ -122,6 +122,13 @@ class JournaledState:
         with self.lock:
             self._journal.close()
 
+    # A standalone node is its own, only, permanent scheduler.
+    def is_leader(self) -> bool:
+        return True
+
+    def term(self) -> int:
+        return 1
+
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)

@@ -54,6 +54,17 @@ class NodeRecord:
     drained: bool = False
     drain_reason: str = ""
     registered_at: float = 0.0
+    down: bool = False
+    down_reason: str = ""
+
+    @property
+    def unavailable_reason(self) -> str:
+        """Why nothing can be placed here now ("" when it can take work)."""
+        if self.down:
+            return self.down_reason or "down"
+        if self.drained:
+            return self.drain_reason or "drained"
+        return ""
 
     def to_dict(self) -> dict:
         return {
@@ -66,6 +77,8 @@ class NodeRecord:
             "drained": self.drained,
             "drain_reason": self.drain_reason,
             "registered_at": self.registered_at,
+            "down": self.down,
+            "down_reason": self.down_reason,
         }
 
     @classmethod
@@ -79,6 +92,8 @@ class NodeRecord:
             drained=d.get("drained", False),
             drain_reason=d.get("drain_reason", ""),
             registered_at=d.get("registered_at", 0.0),
+            down=d.get("down", False),
+            down_reason=d.get("down_reason", ""),
         )
 
 
@@ -106,6 +121,8 @@ class StateMachine:
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[int, Job] = {}
         self.next_job_id = 1
+        self.sched_epoch = 0  # raised by each new scheduler; placements carry it
+        self.scheduler = ""
         self.applied = 0  # count of commands applied (the journal sequence)
         self._queued: dict[int, None] = {}  # insertion-ordered set
         self._running: dict[int, None] = {}
@@ -115,6 +132,10 @@ class StateMachine:
             C.NODE_REGISTER: self._node_register,
             C.NODE_DRAIN: self._node_drain,
             C.NODE_RESUME: self._node_resume,
+            C.NODE_DOWN: self._node_down,
+            C.NODE_UP: self._node_up,
+            C.NODE_REMOVE: self._node_remove,
+            C.SCHED_ELECT: self._sched_elect,
             C.JOB_SUBMIT: self._job_submit,
             C.JOB_START: self._job_start,
             C.JOB_ANNOTATE: self._job_annotate,
@@ -173,6 +194,7 @@ class StateMachine:
                          address=address, registered_at=at)
         if old is not None:
             rec.drained, rec.drain_reason, rec.registered_at = old.drained, old.drain_reason, old.registered_at
+            rec.down, rec.down_reason = old.down, old.down_reason
         self.nodes[name] = rec
         return {"created": old is None}
 
@@ -185,6 +207,33 @@ class StateMachine:
         node = self._node(name)
         node.drained, node.drain_reason = False, ""
         return {}
+
+    def _node_down(self, name: str, reason: str = "", at: float = 0.0) -> dict:
+        node = self._node(name)
+        node.down, node.down_reason = True, reason or "stopped reporting"
+        return {}
+
+    def _node_up(self, name: str, at: float = 0.0) -> dict:
+        node = self._node(name)
+        node.down, node.down_reason = False, ""
+        return {}
+
+    def _node_remove(self, name: str, at: float = 0.0) -> dict:
+        self._node(name)
+        busy = [j.id for j in self.running_jobs() if any(a.node == name for a in j.allocations)]
+        if busy:
+            raise CommandRejected(f"node {name!r} still runs jobs {busy}; drain it and let them finish first")
+        del self.nodes[name]
+        self._commitments.pop(name, None)
+        return {}
+
+    def _sched_elect(self, node: str, epoch: int, at: float = 0.0) -> dict:
+        """A new scheduler takes over; plans of any earlier one are refused from now on."""
+        if epoch <= self.sched_epoch and node != self.scheduler:
+            raise CommandRejected(f"scheduler epoch {epoch} is not newer than {self.sched_epoch}")
+        self.sched_epoch = max(self.sched_epoch, epoch)
+        self.scheduler = node
+        return {"epoch": self.sched_epoch}
 
     def _node(self, name: str) -> NodeRecord:
         node = self.nodes.get(name)
@@ -214,7 +263,10 @@ class StateMachine:
         self.tenants[tenant].last_seen_at = max(self.tenants[tenant].last_seen_at, at)
         return {"job_id": first, "job_ids": ids}
 
-    def _job_start(self, job_id: int, allocations: list, at: float, attempt: int | None = None) -> dict:
+    def _job_start(self, job_id: int, allocations: list, at: float, attempt: int | None = None,
+                   epoch: int | None = None) -> dict:
+        if epoch is not None and epoch != self.sched_epoch:
+            raise CommandRejected(f"plan of scheduler epoch {epoch} refused: epoch {self.sched_epoch} schedules now")
         job = self._job(job_id)
         if job.state is not JobState.QUEUED:
             raise CommandRejected(f"job {job_id} is {job.state.value}, not queued")
@@ -239,8 +291,8 @@ class StateMachine:
 
     def _check_fits(self, job_id: int, a: NodeAllocation) -> None:
         node = self._node(a.node)
-        if node.drained:
-            raise CommandRejected(f"job {job_id}: node {a.node} is drained")
+        if node.unavailable_reason:
+            raise CommandRejected(f"job {job_id}: node {a.node} is {node.unavailable_reason}")
         c = self.commitment(a.node)
         if c.cpus + a.cpus > node.cpus + _EPS:
             raise CommandRejected(f"job {job_id}: node {a.node} has {node.cpus - c.cpus:g} cpus left, not {a.cpus:g}")
@@ -288,8 +340,15 @@ class StateMachine:
                 self._commit(a, -1)
         self._queued.pop(job.id, None)
 
-    def _job_annotate(self, job_id: int, enforced: dict | None = None, reason: str | None = None) -> dict:
+    def _job_annotate(self, job_id: int, enforced: dict | None = None, reason: str | None = None,
+                      master_port: int | None = None, attempt: int | None = None) -> dict:
         job = self._job(job_id)
+        if attempt is not None and attempt != job.attempt:
+            raise CommandRejected(f"job {job_id} is at attempt {job.attempt}, note was for {attempt}")
+        if master_port is not None:
+            if job.master_port is not None and job.master_port != master_port:
+                raise CommandRejected(f"job {job_id} already rendezvous on port {job.master_port}")
+            job.master_port = master_port
         if enforced is not None:
             job.enforced = dict(enforced)
         if reason is not None:
@@ -297,18 +356,30 @@ class StateMachine:
         return {}
 
     def _job_finish(self, job_id: int, at: float, exit_code: int | None = None, state: str | None = None,
-                    reason: str = "", attempt: int | None = None) -> dict:
+                    reason: str = "", attempt: int | None = None, rank: int | None = None) -> dict:
+        """The job (or, for a gang, one rank) ended. A gang completes when every rank
+        ended with status 0, and fails as soon as one rank fails."""
         job = self._job(job_id)
         if job.state is not JobState.RUNNING:
             raise CommandRejected(f"job {job_id} is {job.state.value}, not running")
         if attempt is not None and attempt != job.attempt:
             raise CommandRejected(f"job {job_id} is at attempt {job.attempt}, report was for {attempt}")
+        if rank is not None and len(job.allocations) > 1:
+            if not 0 <= rank < len(job.allocations):
+                raise CommandRejected(f"job {job_id} has no rank {rank}")
+            if state is None and exit_code == 0:
+                job.rank_exits[str(rank)] = 0
+                if len(job.rank_exits) < len(job.allocations):
+                    return {"final": False}
+            elif not reason.startswith("rank "):
+                node = job.allocations[rank].node
+                reason = f"rank {rank} on {node}: {reason or f'exited with status {exit_code}'}"
         final = JobState(state) if state else (JobState.COMPLETED if exit_code == 0 else JobState.FAILED)
         if not final.final:
             raise CommandRejected(f"{final.value} is not a final state")
         self._release(job)
         job.state, job.exit_code, job.ended_at, job.reason = final, exit_code, at, reason
-        return {}
+        return {"final": True}
 
     def _job_cancel(self, job_id: int, at: float, by: str = "", reason: str = "") -> dict:
         job = self._job(job_id)
@@ -326,6 +397,7 @@ class StateMachine:
             raise CommandRejected(f"job {job_id} is {job.state.value}, not running")
         self._release(job)
         job.state, job.allocations, job.started_at = JobState.QUEUED, (), None
+        job.master_port, job.rank_exits = None, {}
         job.attempt += 1
         job.reason = reason
         self._queued[job_id] = None
@@ -350,6 +422,8 @@ class StateMachine:
             "version": 1,
             "applied": self.applied,
             "next_job_id": self.next_job_id,
+            "sched_epoch": self.sched_epoch,
+            "scheduler": self.scheduler,
             "tenants": [t.to_dict() for t in self.tenants.values()],
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "jobs": [j.to_dict() for j in self.jobs.values()],
@@ -360,6 +434,8 @@ class StateMachine:
         sm = cls()
         sm.applied = d["applied"]
         sm.next_job_id = d["next_job_id"]
+        sm.sched_epoch = d.get("sched_epoch", 0)
+        sm.scheduler = d.get("scheduler", "")
         for t in d["tenants"]:
             sm.tenants[t["name"]] = TenantRecord(**t)
         for n in d["nodes"]:

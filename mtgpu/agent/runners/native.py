@@ -172,6 +172,7 @@ class NativeRunner:
             "workdir": launch.workdir, "log_path": launch.log_path, "env": env,
             "argv": _interpreter(launch.script), "cgroup_procs": cg.procs_files if cg else [],
             "rlimit_as": rlimit_as,
+            "lease_path": launch.lease_path, "lease_s": launch.lease_s,
         }
         fd = os.open(job_dir / "launch.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:

@@ -117,6 +117,50 @@ def _child(spec, log_fd, script_fd, err_w):
             os._exit(127)
 
 
+def _lease_age(path):
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return float("inf")
+
+
+def _kill_job(pid, spec):
+    """SIGKILL the job's process group and everything in its cgroups."""
+    pids = {pid}
+    for procs in spec.get("cgroup_procs") or []:
+        try:
+            with open(procs) as f:
+                pids.update(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    for send, target in [(os.killpg, pid)] + [(os.kill, p) for p in pids]:
+        try:
+            send(target, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _wait_for(pid, spec):
+    """Wait for the job to end. With a lease (cluster mode), also fence the job: when
+    the agent has not renewed the lease for lease_s (the node lost the cluster, or its
+    server is frozen), kill it, so it never runs beside its requeued copy elsewhere."""
+    lease_path, lease_s = spec.get("lease_path"), spec.get("lease_s")
+    fenced = ""
+    while True:
+        try:
+            got, st = os.waitpid(-1, os.WNOHANG if lease_path else 0)
+        except ChildProcessError:
+            return None, fenced
+        if got == pid:
+            return st, fenced
+        if got == 0:
+            if not fenced and _lease_age(lease_path) > lease_s:
+                fenced = ("fenced: this node's agent lost contact with the cluster for more than %gs; "
+                          "the job was stopped so it cannot run twice" % lease_s)
+                _kill_job(pid, spec)
+            time.sleep(0.2)
+
+
 def main(job_dir):
     global _child_pid
     with open(os.path.join(job_dir, "launch.json"), "rb") as f:
@@ -158,15 +202,7 @@ def main(job_dir):
     os.close(err_r)
     setup_error = b"".join(chunks).decode(errors="replace")
 
-    status = None
-    while True:
-        try:
-            got, st = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        if got == pid:
-            status = st
-            break
+    status, fenced = _wait_for(pid, spec)
     while True:  # reap orphans that were re-parented to us
         try:
             got, _ = os.waitpid(-1, os.WNOHANG)
@@ -175,7 +211,7 @@ def main(job_dir):
         if got == 0:
             break
 
-    rec = {"exit_code": None, "signal": None, "ended_at": time.time(), "reason": setup_error}
+    rec = {"exit_code": None, "signal": None, "ended_at": time.time(), "reason": setup_error or fenced}
     if status is not None:
         if os.WIFSIGNALED(status):
             rec["signal"] = os.WTERMSIG(status)

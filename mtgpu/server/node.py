@@ -1,0 +1,133 @@
+"""One member's life cycle: the store (journal or Raft), the agent loop, the
+scheduler role when this member holds it, and the loop thread that drives them.
+
+The loop wakes on every submission, cancellation and applied command, and at
+least every TICK_S. Standalone: the node is always the scheduler. Cluster: the
+Raft leader with a quorum is; every member runs its agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from ..agent.local import LocalAgent
+from ..config import Config
+from ..state import commands as C
+from .agent_loop import AgentLoop
+from .scheduler_role import SchedulerRole
+from .view import NodeTelemetry
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.2
+TELEMETRY_EVERY_S = 1.0
+
+
+class Lease:
+    """A file the agent renews while this member is in touch with the cluster; job
+    shims kill their jobs when it grows older than timeout_s (self-fencing)."""
+
+    def __init__(self, path: Path, timeout_s: float) -> None:
+        self.path = str(path)
+        self.timeout_s = timeout_s
+        Path(path).touch()
+
+    def renew(self) -> None:
+        os.utime(self.path, None)
+
+
+class Node:
+    def __init__(self, config: Config, agent: LocalAgent, store, cluster=None, clock=time.time,
+                 down_after_s: float = 10.0) -> None:
+        self.config = config
+        self.node_name = config.NODE_NAME
+        self.state_dir = Path(config.STATE_DIR)
+        self.agent = agent
+        self.store = store
+        self.cluster = cluster
+        self.clock = clock
+        self.scheduler = SchedulerRole(store, self.node_name, clock, down_after_s=down_after_s)
+        self.lease = Lease(self.state_dir / "agent" / "lease", down_after_s / 2) if cluster else None
+        host = config.listen_host_port()[0]
+        self.agent_loop = AgentLoop(store, agent, self.node_name, str(config.TENANT_HOME_ROOT), self.state_dir,
+                                    clock, advertise_host=host, lease=self.lease)
+        self.local_telemetry: NodeTelemetry | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_telemetry = -1e18
+
+    # ------------------------------------------------------------ life cycle
+    def start(self) -> None:
+        self.refresh_telemetry(force=True)
+        self.agent_loop.recover()
+        self._thread = threading.Thread(target=self._loop, name="mtgpu-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        if self.cluster is not None:
+            self.cluster.stop()
+        self.store.close()
+        self.agent.close()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def is_scheduler(self) -> bool:
+        return self.store.is_leader()
+
+    # ------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(TICK_S)
+            self._wake.clear()
+            try:
+                self.run_once()
+            except Exception:  # the loop must outlive any one bad pass
+                log.exception("pass failed")
+
+    def run_once(self) -> None:
+        now = self.clock()
+        self.refresh_telemetry()
+        if self.store.is_leader():
+            self.scheduler.run_once(now, self.store.term())
+        elif self.scheduler.epoch is not None:
+            log.info("%s no longer schedules", self.node_name)
+            self.scheduler.step_down()
+        if self.lease is not None and self.cluster is not None and self.cluster.in_touch():
+            self.lease.renew()
+        tel = self.local_telemetry
+        self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set())
+
+    def refresh_telemetry(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self._last_telemetry < TELEMETRY_EVERY_S:
+            return
+        gpus, host = self.agent.sample()
+        self.local_telemetry = NodeTelemetry(gpus=gpus, host=host, reported_at=now)
+        self.scheduler.report(self.node_name, self.local_telemetry)
+        self._last_telemetry = now
+        self._register()
+
+    def _register(self) -> None:
+        """Record (or update) this member's inventory in the durable state."""
+        tel = self.local_telemetry
+        gpus = [{"index": g.index, "vendor": g.vendor, "model": g.model, "vram_total_bytes": g.vram_total_bytes}
+                for g in tel.gpus]
+        wanted = {"gpus": gpus, "cpus": float(tel.host.cpu_count), "mem_total_bytes": tel.host.mem_total_bytes,
+                  "address": self.config.LISTEN}
+        rec = self.store.machine.nodes.get(self.node_name)
+        if rec is not None and all(rec.to_dict()[k] == v for k, v in wanted.items()):
+            return
+        try:
+            self.store.apply(C.command(C.NODE_REGISTER, name=self.node_name, at=self.clock(), **wanted))
+        except Exception as e:
+            log.warning("could not register %s yet: %s", self.node_name, e)

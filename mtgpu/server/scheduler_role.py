@@ -1,0 +1,138 @@
+"""The scheduler role: run on exactly one member (the standalone node, or the Raft
+leader with a quorum). It decides; agents act.
+
+A pass: make sure this scheduler's epoch is committed (so plans of any earlier
+scheduler are refused by the state machine), mark members that stopped reporting
+as down and deal with their jobs, ask the pure scheduler for a plan over the
+committed state plus the soft telemetry, and commit each placement, fenced by the
+epoch and re-checked by the state machine against the state it is applied to.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..model.job import JobState
+from ..sched import schedule
+from ..state import commands as C
+from .view import NodeTelemetry, build_queue, build_snapshot, build_usage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerRole:
+    store: object
+    node_name: str
+    clock: object
+    down_after_s: float = 10.0
+    telemetry: dict[str, NodeTelemetry] = field(default_factory=dict)
+    pending_reasons: dict[int, str] = field(default_factory=dict)
+    epoch: int | None = None  # None: not (yet) the scheduler
+    leader_since: float = 0.0
+    placements: int = 0
+    last_placement_at: float = 0.0
+    _usage: dict = field(default_factory=dict)
+    _usage_at: float = -1e18
+
+    def report(self, node: str, telemetry: NodeTelemetry) -> None:
+        self.telemetry[node] = telemetry
+
+    def step_down(self) -> None:
+        self.epoch = None
+        self.pending_reasons = {}
+
+    def run_once(self, now: float, term: int) -> None:
+        if self.epoch != term:
+            if not self._elect(term, now):
+                return
+        self._check_members(now)
+        self._place(now)
+
+    # ------------------------------------------------------------ epoch
+    def _elect(self, term: int, now: float) -> bool:
+        r = self._apply(C.SCHED_ELECT, node=self.node_name, epoch=term, at=now)
+        if r is None or not r["ok"]:
+            return False
+        self.epoch = term
+        self.leader_since = now
+        log.info("%s schedules now (epoch %d)", self.node_name, term)
+        return True
+
+    # ------------------------------------------------------------ health of members
+    def _check_members(self, now: float) -> None:
+        machine = self.store.machine
+        for node in list(machine.nodes.values()):
+            if node.name == self.node_name:
+                continue
+            tel = self.telemetry.get(node.name)
+            last = tel.reported_at if tel else 0.0
+            silent_s = now - max(last, self.leader_since)
+            if not node.down and silent_s > self.down_after_s:
+                reason = f"no report for {silent_s:.0f}s"
+                log.warning("member %s is down: %s", node.name, reason)
+                if self._apply(C.NODE_DOWN, name=node.name, reason=reason, at=now) is not None:
+                    self._evict(node.name, reason, now)
+            elif node.down and tel is not None and now - tel.reported_at < self.down_after_s / 2:
+                log.info("member %s reports again", node.name)
+                self._apply(C.NODE_UP, name=node.name, at=now)
+            if node.down:
+                self._evict(node.name, node.down_reason, now)  # finish what an earlier pass left undone
+
+    def _evict(self, node: str, reason: str, now: float) -> None:
+        """Jobs with a rank on a down node: a single job is lost and requeued (unless it
+        opted out with requeue=no: then it is `lost`); a gang fails, naming the rank."""
+        for job in self.store.machine.running_jobs():
+            ranks = [r for r, a in enumerate(job.allocations) if a.node == node]
+            if not ranks:
+                continue
+            if len(job.allocations) > 1:
+                self._apply(C.JOB_FINISH, job_id=job.id, at=now, state="failed", attempt=job.attempt, rank=ranks[0],
+                            reason=f"rank {ranks[0]} on {node}: the node is down ({reason}); the other ranks were stopped")
+            elif job.spec.requeue:
+                self._apply(C.JOB_REQUEUE, job_id=job.id, at=now,
+                            reason=f"lost on {node} (node down: {reason}); requeued")
+            else:
+                self._apply(C.JOB_FINISH, job_id=job.id, at=now, state="lost", attempt=job.attempt,
+                            reason=f"lost on {node} (node down: {reason}); the job asked not to be requeued")
+
+    # ------------------------------------------------------------ placement
+    def _place(self, now: float) -> None:
+        machine = self.store.machine
+        with self.store.lock:
+            queue = build_queue(machine)
+            if not queue:
+                self.pending_reasons = {}
+                return
+            snapshot = build_snapshot(machine, self.telemetry)
+            if now - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
+                self._usage, self._usage_at = build_usage(machine, now), now
+            usage = self._usage
+        plan = schedule(snapshot, queue, now, usage)
+        reasons = dict(plan.pending)
+        reasons.update(plan.rejected)
+        for placement in plan.placements:
+            job = machine.jobs.get(placement.job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                continue
+            r = self._apply(C.JOB_START, job_id=job.id, at=self.clock(), attempt=job.attempt, epoch=self.epoch,
+                            allocations=[a.to_dict() for a in placement.allocations])
+            if r is None:
+                return  # lost the cluster mid-pass; the next scheduler takes over
+            if not r["ok"]:
+                reasons[job.id] = f"placement refused: {r['error']}"
+                if "epoch" in r["error"]:
+                    self.step_down()
+                    return
+                continue
+            self.placements += 1
+            self.last_placement_at = self.clock()
+        self.pending_reasons = reasons
+
+    def _apply(self, name: str, **args) -> dict | None:
+        try:
+            return self.store.apply(C.command(name, **args))
+        except Exception as e:  # replication errors: this pass ends, the next one retries
+            log.warning("scheduler could not commit %s: %s", name, e)
+            return None
