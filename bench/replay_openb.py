@@ -25,6 +25,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+
+if __package__ in (None, ""):  # run as a script from a checkout: import the checkout's mtgpu
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from mtgpu.model.cluster import ClusterSnapshot, GpuView, NodeView
 from mtgpu.model.gpu import normalize_model
 from mtgpu.model.job import GpuAlternative, GpuMode, JobSpec

@@ -15,7 +15,13 @@ import argparse
 import json
 import random
 import resource
+import sys
 import time
+from pathlib import Path
+
+
+if __package__ in (None, ""):  # run as a script from a checkout: import the checkout's mtgpu
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtgpu.model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob
 from mtgpu.model.job import ArraySpec, GpuAlternative, GpuMode, JobSpec
