@@ -305,6 +305,11 @@ class Config(BaseModel):
     SIMULATED_GPUS: list[SimulatedGpu] = Field(
         default_factory=list, description="the GPUs the simulated backend reports; none is a CPU-only node"
     )
+    MEMBER_DOWN_AFTER_S: float = Field(
+        10.0, gt=0.5, le=3600, strict=False,
+        description="(our addition) a cluster member that has not reported for this long is marked down; its jobs "
+                    "are requeued, and its agent stops them after half of it (self-fencing)",
+    )
     ADMIN_GROUP: Annotated[str, AfterValidator(_name("ADMIN_GROUP", '"mtgpu-admin"'))] = Field(
         "mtgpu-admin",
         description="(not in DESIGN §2, our addition) members of this OS group are admins and see all jobs",

@@ -176,11 +176,11 @@ class AgentLoop:
             del self._unsent[job_id]
             self.agent.forget(job_id)
 
-    def _apply(self, name: str, **args) -> dict | None:
+    def _apply(self, cmd_name: str, /, **args) -> dict | None:
         try:
-            return self.store.apply(C.command(name, **args))
+            return self.store.apply(C.command(cmd_name, **args))
         except Exception as e:  # replication errors: retried on the next pass
-            log.warning("could not commit %s for job %s: %s", name, args.get("job_id"), e)
+            log.warning("could not commit %s for job %s: %s", cmd_name, args.get("job_id"), e)
             return None
 
 

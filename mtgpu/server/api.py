@@ -8,10 +8,15 @@ answers health and metadata only, and has no route that could accept a job.
 
 from __future__ import annotations
 
+import base64
+import json
+
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ..state.raft import ReplicationError
 from .identity import Caller, caller_from_peer
 from .service import NodeService, ServiceError
 
@@ -87,6 +92,7 @@ def local_app(service: NodeService) -> FastAPI:
 
 def public_app(service: NodeService) -> FastAPI:
     app = FastAPI(title="mtgpu node (network)", docs_url=None, redoc_url=None)
+    app.add_exception_handler(ServiceError, _error_response)
 
     @app.get("/v1/health")
     def health() -> dict:
@@ -96,4 +102,50 @@ def public_app(service: NodeService) -> FastAPI:
     def info() -> dict:
         return service.info()
 
+    if service.node.cluster is not None:
+        add_cluster_routes(app, service)
     return app
+
+
+def add_cluster_routes(app: FastAPI, service: NodeService) -> None:
+    """Member-to-member routes: every request must be signed with the cluster secret."""
+    link = service.node.cluster
+
+    async def verified(request: Request) -> bytes:
+        body = await request.body()
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        why = link.signer.verify(request.method, path, body, request.headers)
+        if why:
+            raise ServiceError(401, f"refused: {why}")
+        return body
+
+    @app.post("/cluster/v1/report")
+    async def report(request: Request) -> dict:
+        body = await verified(request)
+        link.handle_report(json.loads(body))
+        return {"ok": True}
+
+    @app.post("/cluster/v1/join")
+    async def join(request: Request) -> dict:
+        body = json.loads(await verified(request))
+        try:
+            return await run_in_threadpool(link.handle_join, body["name"], body["listen"], body["raft"])
+        except ReplicationError as e:
+            raise ServiceError(503, str(e)) from None
+
+    @app.get("/cluster/v1/pending")
+    async def pending(request: Request) -> dict:
+        await verified(request)
+        return {str(k): v for k, v in service.node.scheduler.pending_reasons.items()}
+
+    @app.get("/cluster/v1/nodes")
+    async def nodes(request: Request) -> list[dict]:
+        await verified(request)
+        return await run_in_threadpool(service.nodes_view)
+
+    @app.get("/cluster/v1/jobs/{job_id}/log")
+    async def log(job_id: int, request: Request, offset: int = 0, limit: int = 1 << 20) -> dict:
+        await verified(request)
+        job = service.store.machine.jobs.get(job_id)
+        data = service.local_log(job, offset, limit) if job else b""
+        return {"data": base64.b64encode(data).decode()}

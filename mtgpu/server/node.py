@@ -99,9 +99,13 @@ class Node:
         self.refresh_telemetry()
         if self.store.is_leader():
             self.scheduler.run_once(now, self.store.term())
+            if self.cluster is not None:
+                self.cluster.maintain()
         elif self.scheduler.epoch is not None:
             log.info("%s no longer schedules", self.node_name)
             self.scheduler.step_down()
+            if self.cluster is not None:
+                self.cluster.lost_leadership()
         if self.lease is not None and self.cluster is not None and self.cluster.in_touch():
             self.lease.renew()
         tel = self.local_telemetry

@@ -130,9 +130,9 @@ class SchedulerRole:
             self.last_placement_at = self.clock()
         self.pending_reasons = reasons
 
-    def _apply(self, name: str, **args) -> dict | None:
+    def _apply(self, cmd_name: str, /, **args) -> dict | None:
         try:
-            return self.store.apply(C.command(name, **args))
+            return self.store.apply(C.command(cmd_name, **args))
         except Exception as e:  # replication errors: this pass ends, the next one retries
-            log.warning("scheduler could not commit %s: %s", name, e)
+            log.warning("scheduler could not commit %s: %s", cmd_name, e)
             return None

@@ -85,7 +85,8 @@ class NodeService:
     def pending_reason(self, job: Job) -> str:
         reasons = self.node.scheduler.pending_reasons if self.node.is_scheduler() else \
             (self.node.cluster.pending_reasons() if self.node.cluster else {})
-        return reasons.get(job.id) or job.reason or "waiting for the next scheduling pass"
+        pending = reasons.get(job.id) or "waiting for the next scheduling pass"
+        return f"{job.reason}; waiting: {pending}" if job.reason else pending
 
     def job_json(self, job: Job) -> dict:
         d = job.to_dict()

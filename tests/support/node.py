@@ -81,13 +81,16 @@ class Node:
     log_files: list[Path] = field(default_factory=list)
 
     # ------------------------------------------------------------ process
-    def start(self, timeout_s: float = 30.0) -> None:
+    def start(self, timeout_s: float = 30.0, wait: bool = True) -> None:
         log_path = self.base / f"server-{len(self.log_files)}.log"
         self.log_files.append(log_path)
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen([PYTHON, "-m", "mtgpu.cli.server", "--config", str(self.config_path)],
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        if wait:
+            self.wait_up(timeout_s)
 
+    def wait_up(self, timeout_s: float = 30.0) -> None:
         def up():
             if self.proc.poll() is not None:
                 raise AssertionError(f"mtgpu-server exited with {self.proc.returncode}:\n{self.server_log()}")

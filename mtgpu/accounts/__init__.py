@@ -1,0 +1,1 @@
+"""Tenant accounts: plan.py decides (pure, replayable), apply.py touches the OS."""

@@ -1,0 +1,337 @@
+"""Cluster mode: the secret, membership, the Raft store, and the members' traffic
+to the scheduler (telemetry reports, joins, pending reasons, logs).
+
+Addresses. Each member serves clients and members on LISTEN (host:port) and Raft on
+host:(port+1). PEERS lists LISTEN addresses. A member whose own LISTEN is in PEERS (or
+whose PEERS is empty) is a founding member: the founding voters are the first five
+addresses of PEERS, sorted, so every founding member computes the same set. Any
+other member joins through a peer: the scheduler makes it a voter while the cluster
+has fewer than three, else a non-voting member that still receives every entry.
+The outcome is kept in STATE_DIR/cluster/membership.json for restarts.
+
+Security. The Raft traffic is encrypted and authenticated with a key derived from
+the cluster secret (pysyncobj's password); member-to-member HTTP requests are
+signed with another key derived from it (HMAC-SHA256 over method, path, time and
+body; a request more than 30 s old or wrongly signed is refused).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from ..agent.local import LocalAgent
+from ..config import Config
+from ..model.gpu import GpuInfo, HostInfo
+from ..state.raft import RaftState, ReplicationError
+from .node import Node
+from .view import NodeTelemetry
+
+log = logging.getLogger(__name__)
+
+MAX_VOTERS = 5
+MIN_VOTERS = 3
+SIGNATURE_MAX_AGE_S = 30.0
+REPORT_EVERY_S = 1.0
+
+
+class ClusterSetupError(Exception):
+    """This member cannot take part in the cluster; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------- secret and signatures
+def load_or_create_secret(config: Config, founding_alone: bool) -> str:
+    path = Path(config.secret_file_path)
+    if not path.exists():
+        if not founding_alone:
+            raise ClusterSetupError(
+                f"CLUSTER_SECRET_FILE {path} does not exist, and this member joins through PEERS "
+                f"{list(config.PEERS)}: copy the file from a member of the cluster (it is that member's "
+                "CLUSTER_SECRET_FILE, by default STATE_DIR/cluster.secret), mode 0600, then start again")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(48) + "\n")
+        log.info("created a new cluster secret in %s; copy it to every member that joins", path)
+    secret = path.read_text().strip()
+    if len(secret) < 32:
+        raise ClusterSetupError(f"CLUSTER_SECRET_FILE {path} holds {len(secret)} characters; a secret needs at "
+                                "least 32 (`mtgpu-setup secret` prints a new one)")
+    return secret
+
+
+class Signer:
+    def __init__(self, secret: str) -> None:
+        self._key = hashlib.sha256(b"mtgpu-api-v1\0" + secret.encode()).digest()
+
+    def headers(self, method: str, path: str, body: bytes, node: str) -> dict[str, str]:
+        ts = f"{time.time():.3f}"
+        return {"x-mtgpu-node": node, "x-mtgpu-time": ts, "x-mtgpu-signature": self._sign(method, path, ts, body)}
+
+    def verify(self, method: str, path: str, body: bytes, headers) -> str | None:
+        """None when the request is signed with the cluster key and fresh, else why not."""
+        ts, sig = headers.get("x-mtgpu-time"), headers.get("x-mtgpu-signature")
+        if not ts or not sig:
+            return "the request is not signed with the cluster secret"
+        try:
+            age = abs(time.time() - float(ts))
+        except ValueError:
+            return "the request's time is not a number"
+        if age > SIGNATURE_MAX_AGE_S:
+            return f"the request is {age:.0f}s old (clocks apart?)"
+        if not hmac.compare_digest(sig, self._sign(method, path, ts, body)):
+            return "wrong signature: this machine does not hold the cluster secret"
+        return None
+
+    def _sign(self, method: str, path: str, ts: str, body: bytes) -> str:
+        msg = b"\n".join([method.upper().encode(), path.encode(), ts.encode(), hashlib.sha256(body).hexdigest().encode()])
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
+
+
+# ---------------------------------------------------------------- addresses
+def advertised(address: str) -> str:
+    host, port = address.rsplit(":", 1)
+    if host in ("0.0.0.0", "", "::", "[::]"):
+        host = socket.gethostbyname(socket.gethostname())
+    return f"{host}:{port}"
+
+
+def raft_address(listen: str) -> str:
+    host, port = advertised(listen).rsplit(":", 1)
+    return f"{host}:{int(port) + 1}"
+
+
+def api_address(raft: str) -> str:
+    host, port = raft.rsplit(":", 1)
+    return f"{host}:{int(port) - 1}"
+
+
+def capability(rec) -> tuple:
+    """How capable a member is, for choosing voters and the scheduler: GPUs, then
+    their memory, then CPUs, then memory; the name breaks ties."""
+    return (len(rec.gpus), sum(g.vram_total_bytes for g in rec.gpus), rec.cpus, rec.mem_total_bytes)
+
+
+# ---------------------------------------------------------------- the link
+class ClusterLink:
+    def __init__(self, config: Config, secret: str) -> None:
+        self.config = config
+        self.node_name = config.NODE_NAME
+        self.listen = advertised(config.LISTEN)
+        self.raft_self = raft_address(config.LISTEN)
+        self.signer = Signer(secret)
+        self.secret = secret
+        self.node: Node | None = None
+        self.store: RaftState | None = None
+        self._http = httpx.Client(timeout=httpx.Timeout(3.0, connect=1.0))
+        self._stop = threading.Event()
+        self._last_report_ok = 0.0
+        self._pending_cache: tuple[float, dict[int, str]] = (0.0, {})
+        self._leader_since = 0.0
+        self._last_transfer = 0.0
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ requests between members
+    def call(self, address: str, method: str, path: str, payload: dict | None = None, timeout_s: float = 3.0):
+        body = json.dumps(payload).encode() if payload is not None else b""
+        headers = self.signer.headers(method, path, body, self.node_name)
+        headers["content-type"] = "application/json"
+        r = self._http.request(method, f"http://{address}{path}", content=body, headers=headers, timeout=timeout_s)
+        if r.status_code >= 400:
+            raise ClusterSetupError(f"{address}{path}: {r.status_code} {r.text[:300]}")
+        return r.json()
+
+    def leader_api(self) -> str | None:
+        leader = self.store.leader_address() if self.store else None
+        return api_address(leader) if leader else None
+
+    # ------------------------------------------------------------ membership
+    def membership(self, state_dir: Path) -> tuple[bool, list[str]]:
+        path = state_dir / "cluster" / "membership.json"
+        if path.exists():
+            m = json.loads(path.read_text())
+            return m["voter"], m["voters"]
+        peers = [advertised(p) for p in self.config.PEERS]
+        if not peers or self.listen in peers:
+            voters = sorted({raft_address(p) for p in peers} | {self.raft_self})[:MAX_VOTERS]
+            voter = self.raft_self in voters
+        else:
+            voter, voters = self._join(peers)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.write_text(json.dumps({"voter": voter, "voters": voters}))
+        return voter, voters
+
+    def _join(self, peers: list[str]) -> tuple[bool, list[str]]:
+        errors = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for peer in peers:
+                try:
+                    r = self.call(peer, "POST", "/cluster/v1/join",
+                                  {"name": self.node_name, "listen": self.listen, "raft": self.raft_self}, timeout_s=15)
+                    return r["voter"], r["voters"]
+                except (httpx.HTTPError, ClusterSetupError, KeyError) as e:
+                    errors.append(f"{peer}: {e}")
+            if any("secret" in e for e in errors[-len(peers):]):
+                break
+            time.sleep(1.0)
+        raise ClusterSetupError("could not join the cluster through PEERS: " + "; ".join(errors[-len(peers):]))
+
+    def handle_join(self, name: str, listen: str, raft: str) -> dict:
+        """On the scheduler: admit a new member, as a voter while there are fewer than three."""
+        if not self.store.is_leader():
+            leader = self.leader_api()
+            if leader is None:
+                raise ReplicationError("no scheduler right now; try again in a moment")
+            return self.call(leader, "POST", "/cluster/v1/join", {"name": name, "listen": listen, "raft": raft}, 15)
+        voters = self.store.voters()
+        if raft in voters:
+            return {"voter": True, "voters": voters}
+        if len(voters) < MIN_VOTERS:
+            self.store.add_voter(raft)
+            return {"voter": True, "voters": sorted(set(voters) | {raft})}
+        return {"voter": False, "voters": voters}
+
+    def voter_names(self) -> list[str]:
+        by_addr = {advertised(n.address): n.name for n in self.store.machine.nodes.values() if n.address}
+        return [by_addr.get(api_address(v), v) for v in self.store.voters()]
+
+    # ------------------------------------------------------------ reports
+    def start(self, node: Node) -> None:
+        self.node = node
+        self._thread = threading.Thread(target=self._report_loop, name="mtgpu-reports", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        self._http.close()
+
+    def _report_loop(self) -> None:
+        while not self._stop.wait(REPORT_EVERY_S):
+            try:
+                self.report_once()
+            except Exception as e:  # the scheduler may be changing; next second again
+                log.debug("report failed: %s", e)
+
+    def report_once(self) -> None:
+        tel = self.node.local_telemetry
+        if tel is None:
+            return
+        if self.store.is_leader():
+            self._last_report_ok = time.monotonic()
+            return
+        leader = self.leader_api()
+        if leader is None:
+            return
+        self.call(leader, "POST", "/cluster/v1/report", {
+            "node": self.node_name,
+            "gpus": [g.to_dict() for g in tel.gpus],
+            "host": tel.host.to_dict() if tel.host else None,
+        }, timeout_s=2.0)
+        self._last_report_ok = time.monotonic()
+
+    def handle_report(self, payload: dict) -> None:
+        tel = NodeTelemetry(gpus=[GpuInfo.from_dict(g) for g in payload.get("gpus", [])],
+                            host=HostInfo.from_dict(payload["host"]) if payload.get("host") else None,
+                            reported_at=self.node.clock())
+        self.node.scheduler.report(payload["node"], tel)
+        self.node.wake()
+
+    def in_touch(self) -> bool:
+        """Whether this member may keep its jobs running: it leads with a quorum, or
+        the scheduler took one of its reports recently."""
+        if self.store.is_leader():
+            return True
+        return time.monotonic() - self._last_report_ok < 3 * REPORT_EVERY_S
+
+    # ------------------------------------------------------------ the scheduler's duties
+    def maintain(self) -> None:
+        """On the scheduler: hand the role to the most capable voter when it is not us."""
+        now = time.monotonic()
+        if not self._leader_since:
+            self._leader_since = now
+        if now - self._leader_since < 3.0 or now - self._last_transfer < 5.0:
+            return
+        machine = self.store.machine
+        by_addr = {raft_address(n.address): n for n in machine.nodes.values() if n.address}
+        voters = [by_addr[v] for v in self.store.voters() if v in by_addr]
+        fresh = {name for name, t in self.node.scheduler.telemetry.items() if self.node.clock() - t.reported_at < 3.0}
+        healthy = [n for n in voters if n.name in fresh and not n.down]
+        if not healthy:
+            return
+        best = max(healthy, key=lambda n: (capability(n), n.name))
+        me = machine.nodes.get(self.node_name)
+        if me is not None and best.name != self.node_name and capability(best) > capability(me):
+            log.info("handing the scheduler role to the more capable %s", best.name)
+            self._last_transfer = now
+            self.store.transfer_leadership(raft_address(best.address))
+
+    def lost_leadership(self) -> None:
+        self._leader_since = 0.0
+
+    # ------------------------------------------------------------ reads from other members
+    def pending_reasons(self) -> dict[int, str]:
+        at, cached = self._pending_cache
+        if time.monotonic() - at < 1.0:
+            return cached
+        leader = self.leader_api()
+        reasons: dict[int, str] = {}
+        if leader:
+            try:
+                reasons = {int(k): v for k, v in self.call(leader, "GET", "/cluster/v1/pending", timeout_s=2.0).items()}
+            except (httpx.HTTPError, ClusterSetupError, ValueError):
+                reasons = {}
+        self._pending_cache = (time.monotonic(), reasons)
+        return reasons
+
+    def leader_nodes(self) -> list[dict] | None:
+        leader = self.leader_api()
+        if leader is None:
+            return None
+        try:
+            return self.call(leader, "GET", "/cluster/v1/nodes", timeout_s=3.0)
+        except (httpx.HTTPError, ClusterSetupError):
+            return None
+
+    def fetch_log(self, node_name: str, job_id: int, offset: int, limit: int) -> bytes:
+        rec = self.store.machine.nodes.get(node_name)
+        if rec is None or not rec.address:
+            return b""
+        try:
+            r = self.call(advertised(rec.address), "GET", f"/cluster/v1/jobs/{job_id}/log?offset={offset}&limit={limit}")
+        except (httpx.HTTPError, ClusterSetupError) as e:
+            log.warning("log of job %d from %s: %s", job_id, node_name, e)
+            return b""
+        return base64.b64decode(r["data"])
+
+
+def open_cluster_node(config: Config, agent: LocalAgent) -> Node:
+    peers = [advertised(p) for p in config.PEERS]
+    founding_alone = not peers or peers == [advertised(config.LISTEN)]
+    secret = load_or_create_secret(config, founding_alone)
+    link = ClusterLink(config, secret)
+    state_dir = Path(config.STATE_DIR)
+    voter, voters = link.membership(state_dir)
+    node_holder: list[Node] = []
+    store = RaftState(state_dir / "cluster", link.raft_self if voter else None, voters, secret,
+                      on_applied=lambda cmd, res: node_holder and node_holder[0].wake())
+    link.store = store
+    node = Node(config, agent, store, cluster=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
+    node_holder.append(node)
+    link.start(node)
+    log.info("%s is a %s of the cluster %s (voters: %s)", config.NODE_NAME, "voter" if voter else "non-voting member",
+             config.CLUSTER_ID, ", ".join(voters))
+    return node

@@ -1,0 +1,213 @@
+"""Cluster mode with several real server processes on loopback (issue 4's "done when")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import member_name, running_cluster
+from tests.support.node import wait_for
+from tests.support.users import can_create_users, temp_user
+
+pytestmark = pytest.mark.integration
+
+if can_create_users():
+    pytest.skip(can_create_users(), allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def alice():
+    with temp_user("mtc") as u:
+        yield u
+
+
+def marks_dir(user, name: str) -> Path:
+    d = Path(user.home) / name
+    d.mkdir()
+    os.chown(d, user.uid, user.gid)
+    return d
+
+
+def nodes_json(node) -> list[dict]:
+    r = node.admin("nodes", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_three_members_form_a_cluster_and_a_fourth_joins_and_gets_work(alice):
+    with running_cluster(3) as cl:
+        m0 = cl.members[0]
+        nodes = wait_for("all three members registered", lambda: len(n := nodes_json(m0)) == 3 and n)
+        roles = sorted(n["role"] for n in nodes)
+        assert roles == ["scheduler", "voter", "voter"]
+        flag = Path(alice.home) / "go-join"
+        script = f"#!/bin/bash\n#MTGPU gpus=2\nwhile [ ! -e {flag} ]; do sleep 0.05; done\necho ran on $MTGPU_NODE\n"
+        ids = [m0.submit_json(alice, script=script)["job_id"] for _ in range(4)]
+        wait_for("three jobs running", lambda: sum(m0.job(i)["state"] == "running" for i in ids) == 3)
+        # A fourth member, not in PEERS, joins while jobs run: the waiting job runs there.
+        m3 = cl.add_member("m3")
+        wait_for("the fourth job to run on the new member",
+                 lambda: (j := m0.job(ids[3]))["state"] == "running" and j["nodes"] == ["m3"], timeout_s=30)
+        roles = {n["name"]: n["role"] for n in nodes_json(m3)}
+        assert roles["m3"] == "member" and len(roles) == 4
+        flag.touch()
+        for i in ids:
+            assert m0.wait_state(i, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
+        # Every member answers mt-job for the same cluster.
+        listed = json.loads(m3.mt_job(alice, "list", "--json").stdout)
+        assert {j["id"] for j in listed} >= set(ids)
+
+
+def test_killing_the_scheduler_loses_no_job_and_runs_none_twice(alice):
+    with running_cluster(3) as cl:
+        marks = marks_dir(alice, "marks-failover")
+        sched = cl.scheduler()
+        submitter = next(m for m in cl.members if m is not sched)
+        script = f"#!/bin/bash\necho $MTGPU_NODE >> {marks}/$MTGPU_JOB_ID\nsleep 0.2\n"
+        ids = []
+        for k in range(200):
+            if k == 80:
+                sched.kill9()  # the scheduler dies mid-way...
+            if k == 120:
+                sched.start(wait=False)  # ...and its service manager restarts it
+            for attempt in range(50):
+                r = submitter.mt_job(alice, "submit", "--json", "-", input=script)
+                if r.returncode == 0:
+                    ids.append(json.loads(r.stdout)["job_id"])
+                    break
+                assert r.returncode != 2, r.stderr
+                time.sleep(0.1)  # an election is running: the CLI says so; try again
+            else:
+                raise AssertionError(f"submission {k} failed: {r.stderr}")
+        sched.wait_up()
+        assert len(set(ids)) == 200
+        with submitter.client() as c:
+            wait_for("all 200 jobs to end", lambda: all(c.job(i)["state"] in ("completed", "failed", "lost", "cancelled")
+                                                        for i in ids), timeout_s=180, interval_s=0.5)
+            states = {i: c.job(i)["state"] for i in ids}
+        assert set(states.values()) == {"completed"}, {i: s for i, s in states.items() if s != "completed"}
+        for i in ids:
+            lines = (marks / str(i)).read_text().splitlines()
+            assert len(lines) == 1, f"job {i} ran {len(lines)} times: {lines}"
+
+
+def test_a_two_node_job_gets_ranks_and_one_rendezvous_and_fails_as_a_whole(alice):
+    with running_cluster(3) as cl:
+        m0 = cl.members[0]
+        out = marks_dir(alice, "gang")
+        script = ("#!/bin/bash\n#MTGPU nodes=2 gpus=1\n"
+                  f"echo rank=$MTGPU_NODE_RANK n=$MTGPU_NNODES master=$MASTER_ADDR:$MASTER_PORT "
+                  f"pet=$PET_NODE_RANK/$PET_NNODES/$PET_MASTER_ADDR:$PET_MASTER_PORT > {out}/$MTGPU_NODE_RANK\n")
+        jid = m0.submit_json(alice, script=script)["job_id"]
+        job = m0.wait_state(jid, {"completed", "failed"}, timeout_s=30)
+        assert job["state"] == "completed", job
+        assert len(set(job["nodes"])) == 2
+        r0, r1 = (out / "0").read_text().split(), (out / "1").read_text().split()
+        assert r0[0] == "rank=0" and r1[0] == "rank=1" and r0[1] == r1[1] == "n=2"
+        assert r0[2] == r1[2] and r0[2].startswith("master=127.0.0.1:") and int(r0[2].rsplit(":", 1)[1]) > 0
+        assert r0[3] == f"pet=0/2/{r0[2][7:]}" and r1[3] == f"pet=1/2/{r0[2][7:]}"
+        # Killing one rank's process stops the other and fails the job, naming the rank.
+        script = ("#!/bin/bash\n#MTGPU nodes=2\n"
+                  f"echo $$ > {out}/pid-$MTGPU_NODE_RANK\nexec sleep 300\n")
+        jid = m0.submit_json(alice, script=script)["job_id"]
+        m0.wait_state(jid, "running")
+        pid1 = int(wait_for("rank 1 to write its pid", lambda: (out / "pid-1").exists() and (out / "pid-1").read_text().strip()))
+        pid0 = int(wait_for("rank 0 to write its pid", lambda: (out / "pid-0").exists() and (out / "pid-0").read_text().strip()))
+        os.kill(pid1, signal.SIGKILL)
+        job = m0.wait_state(jid, {"failed", "completed"}, timeout_s=30)
+        assert job["state"] == "failed" and "rank 1" in job["reason"], job
+        wait_for("rank 0's process to be stopped", lambda: not Path(f"/proc/{pid0}").exists(), timeout_s=20)
+
+
+def test_a_frozen_member_is_marked_down_its_jobs_finish_elsewhere_and_never_twice(alice):
+    with running_cluster(3) as cl:
+        marks = marks_dir(alice, "marks-freeze")
+        sched = cl.scheduler()
+        flag = Path(alice.home) / "go-freeze"
+        script = (f"#!/bin/bash\n#MTGPU gpus=1\necho $MTGPU_NODE >> {marks}/$MTGPU_JOB_ID\n"
+                  f"while [ ! -e {flag} ]; do sleep 0.05; done\n")
+        ids = [sched.submit_json(alice, script=script)["job_id"] for _ in range(6)]
+        wait_for("all six jobs running (two per member)", lambda: all(sched.job(j)["state"] == "running" for j in ids))
+        victim = next(m for m in cl.members if m is not sched)
+        victim_name = member_name(victim)
+        on_victim = [j for j in ids if sched.job(j)["nodes"] == [victim_name]]
+        assert len(on_victim) == 2
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        try:
+            wait_for("the frozen member to be marked down",
+                     lambda: next(n for n in nodes_json(sched) if n["name"] == victim_name)["state"] == "down",
+                     timeout_s=30)
+            for j in on_victim:
+                job = wait_for(f"job {j} to be requeued", lambda: (x := sched.job(j))["state"] == "queued" and x)
+                assert "lost on " + victim_name in job["reason"]
+            flag.touch()  # the other jobs end; the requeued ones run elsewhere
+            for j in on_victim:
+                job = sched.wait_state(j, {"completed", "failed"}, timeout_s=30)
+                assert job["state"] == "completed" and job["nodes"] != [victim_name], job
+        finally:
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        wait_for("the member to be back up",
+                 lambda: next(n for n in nodes_json(sched) if n["name"] == victim_name)["state"] == "up", timeout_s=30)
+        time.sleep(1.5)  # give a wrong agent the chance to start them again
+        for j in on_victim:
+            lines = (marks / str(j)).read_text().splitlines()
+            # Started once on the frozen member (fenced there), once elsewhere; not again after SIGCONT.
+            assert lines.count(victim_name) == 1 and len(lines) == 2, lines
+        for j in ids:
+            assert sched.job(j)["state"] == "completed"
+
+
+def test_a_member_without_the_secret_is_refused():
+    with running_cluster(3) as cl:
+        # No secret file at all: it refuses to start and says to copy it.
+        m = cl.add_member("nosecret", start=False, secret_path=cl.base / "missing.secret")
+        m.start(wait=False)
+        m.proc.wait(timeout=60)
+        assert m.proc.returncode != 0
+        assert "copy the file" in m.server_log()
+        # A wrong secret: the members refuse its join.
+        wrong = cl.base / "wrong.secret"
+        wrong.write_text("w" * 64)
+        m = cl.add_member("wrongsecret", start=False, secret_path=wrong)
+        m.start(wait=False)
+        m.proc.wait(timeout=90)
+        assert m.proc.returncode != 0
+        assert "secret" in m.server_log()
+        assert all(n["name"] not in ("nosecret", "wrongsecret") for n in nodes_json(cl.members[0]))
+
+
+def test_drain_stops_new_placements_and_resume_undoes_it(alice):
+    with running_cluster(3) as cl:
+        m0 = cl.members[0]
+        names = [member_name(m) for m in cl.members]
+        for name in names[1:]:
+            r = m0.admin("nodes", "drain", name)
+            assert r.returncode == 0, r.stderr
+        ids = [m0.submit_json(alice, "--gpus", "1", "--wrap", "true")["job_id"] for _ in range(3)]
+        for i in ids:
+            assert m0.wait_state(i, "completed")["nodes"] == [names[0]]
+        assert {n["name"]: n["state"] for n in nodes_json(m0)}[names[1]] == "drained"
+        assert m0.admin("nodes", "resume", names[1]).returncode == 0
+        assert {n["name"]: n["state"] for n in nodes_json(m0)}[names[1]] == "up"
+
+
+def test_a_minority_cannot_place_jobs(alice):
+    with running_cluster(3) as cl:
+        alone = cl.members[0]
+        others = cl.members[1:]
+        for m in others:
+            os.kill(m.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(4.5)  # past the leader's fallback timeout: no one holds a quorum
+            r = alone.mt_job(alice, "submit", "--wrap", "touch /tmp/should-not-run", timeout_s=60)
+            assert r.returncode == 1 and "could not record" in r.stderr, r.stderr
+            assert not alone.client().health()["is_scheduler"]
+        finally:
+            for m in others:
+                os.kill(m.proc.pid, signal.SIGCONT)
+        cl.scheduler()  # the majority is back: it elects a scheduler again

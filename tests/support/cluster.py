@@ -1,0 +1,141 @@
+"""Several real `mtgpu-server` processes on loopback forming one cluster.
+
+    with running_cluster(3) as members:      # members[i] is a tests.support.node.Node
+        leader = scheduler_of(members)
+
+Each member has its own STATE_DIR; they share one config but for NODE_NAME and
+LISTEN, and a cluster secret file. Every process is stopped by its PID at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from mtgpu.client.local import LocalClient
+
+from .node import Node, free_port, kill_leftover_runs, wait_for, write_config
+
+GPUS_2 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
+
+
+def free_port_pair() -> int:
+    """A port p with p+1 also free (LISTEN and Raft)."""
+    for _ in range(50):
+        p = free_port()
+        try:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free pair of ports")
+
+
+class Cluster:
+    def __init__(self, base: Path, secret_path: Path, peers: list[str], down_after_s: float) -> None:
+        self.base = base
+        self.secret_path = secret_path
+        self.peers = peers
+        self.down_after_s = down_after_s
+        self.members: list[Node] = []
+
+    def add_member(self, name: str, gpus: list[dict] | None = None, port: int | None = None, start: bool = True,
+                   secret_path: Path | None | str = "default", **settings) -> Node:
+        port = port or free_port_pair()
+        state_dir = self.base / name / "state"
+        config = {
+            "CLUSTER_MODE": "cluster",
+            "CLUSTER_ID": "test-lab",
+            "NODE_NAME": name,
+            "LISTEN": f"127.0.0.1:{port}",
+            "PEERS": self.peers,
+            "STATE_DIR": str(state_dir),
+            "GPU_BACKEND": "simulated",
+            "TENANT_HOME_ROOT": str(self.base / "homes"),
+            "MEMBER_DOWN_AFTER_S": self.down_after_s,
+            **settings,
+        }
+        if secret_path == "default":
+            config["CLUSTER_SECRET_FILE"] = str(self.secret_path)
+        elif secret_path is not None:
+            config["CLUSTER_SECRET_FILE"] = str(secret_path)
+        (self.base / name).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base / name, 0o755)
+        config_path = self.base / name / "mtgpu.toml"
+        write_config(config_path, config, GPUS_2 if gpus is None else gpus)
+        node = Node(self.base / name, config_path, state_dir, state_dir / "mtgpu.sock", port)
+        self.members.append(node)
+        if start:
+            node.start()
+        return node
+
+    def scheduler(self, among: list[Node] | None = None) -> Node:
+        """The member that schedules now (asks every live member; they must agree)."""
+        def find():
+            names = set()
+            for m in among or self.members:
+                if m.proc is None or m.proc.poll() is not None:
+                    continue
+                with contextlib.suppress(Exception), LocalClient(str(m.socket_path), timeout_s=2) as c:
+                    info = c.health()
+                    if info["is_scheduler"]:
+                        names.add(info["node"])
+            return names.pop() if len(names) == 1 else None
+
+        name = wait_for("one scheduler to be elected", find, timeout_s=30)
+        return next(m for m in self.members if m.config_path.parent.name == name)
+
+    def live(self) -> list[Node]:
+        return [m for m in self.members if m.proc is not None and m.proc.poll() is None]
+
+
+def member_name(node: Node) -> str:
+    return node.config_path.parent.name
+
+
+@contextlib.contextmanager
+def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after_s: float = 4.0) -> Iterator[Cluster]:
+    base = Path(tempfile.mkdtemp(prefix="mtgpu-cl-"))
+    os.chmod(base, 0o755)
+    secret_path = base / "cluster.secret"
+    secret_path.write_text(secrets.token_urlsafe(48) + "\n")
+    os.chmod(secret_path, 0o600)
+    ports = [free_port_pair() for _ in range(n)]
+    peers = [f"127.0.0.1:{p}" for p in ports]
+    cluster = Cluster(base, secret_path, peers, down_after_s)
+    try:
+        for i, port in enumerate(ports):
+            cluster.add_member(f"m{i}", gpus[i] if gpus else None, port=port, start=False)
+        for m in cluster.members:
+            m.start(wait=False)
+        for m in cluster.members:
+            m.wait_up()
+        cluster.scheduler()
+        yield cluster
+    finally:
+        live = cluster.live()
+        for m in live:
+            with contextlib.suppress(Exception):
+                os.kill(m.proc.pid, 18)  # SIGCONT: a stopped member must be able to exit
+        if live:
+            live[0].cancel_everything()
+        for m in cluster.members:
+            m.terminate()
+        for m in cluster.members:
+            kill_leftover_runs(m.state_dir)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def jobs_json(node: Node, *args: str) -> list[dict]:
+    r = node.admin("jobs", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
