@@ -35,7 +35,9 @@ from mtgpu.accounts.plan import (
 )
 
 COMMAND_TIMEOUT_S = 60.0
-LOCK_RETRIES = 20
+# The shadow tools already wait ~15 s for a held lock themselves; one more try covers a
+# lock freed just after they gave up, without multiplying that wait.
+LOCK_RETRIES = 2
 KEYS_HEADER = "# Managed by mtgpu: the keys registered for this tenant. Changes here are replaced.\n"
 
 Runner = Callable[..., subprocess.CompletedProcess]
@@ -136,9 +138,10 @@ def run_tool(cmd: list[str], run: Runner = subprocess.run) -> tuple[bool, str]:
         except OSError as exc:
             return False, f"`{_show(cmd)}` could not run: {exc.strerror or exc}"
         stderr = (result.stderr or "").strip()
-        if result.returncode == 0 or "lock" not in stderr.lower() or attempt == LOCK_RETRIES - 1:
+        contended = "lock" in stderr.lower() and "No such file or directory" not in stderr
+        if result.returncode == 0 or not contended or attempt == LOCK_RETRIES - 1:
             break
-        time.sleep(0.05 * (attempt + 1))
+        time.sleep(0.2)
     assert result is not None
     if result.returncode == 0:
         return True, _show(cmd)
