@@ -47,7 +47,7 @@ def local_app(service: NodeService) -> FastAPI:
         return c
 
     @app.get("/v1/health")
-    def health() -> dict:
+    async def health() -> dict:
         return {"ok": True, **service.info()}
 
     @app.get("/v1/whoami")
@@ -56,8 +56,8 @@ def local_app(service: NodeService) -> FastAPI:
         return {"name": c.name, "uid": c.uid, "gid": c.gid, "admin": c.is_admin}
 
     @app.post("/v1/jobs")
-    def submit(body: SubmitRequest, request: Request) -> dict:
-        return service.submit(caller(request), body.script, body.overrides, body.workdir)
+    async def submit(body: SubmitRequest, request: Request) -> dict:
+        return await service.submit(caller(request), body.script, body.overrides, body.workdir)
 
     @app.get("/v1/jobs")
     def list_jobs(request: Request, all: bool = False, active: bool = False) -> list[dict]:

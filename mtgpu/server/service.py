@@ -9,10 +9,13 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from fastapi.concurrency import run_in_threadpool
+
 from ..jobfile import JobFileError, parse_job_file
 from ..model.job import Job, JobState
 from ..sched import check_satisfiable
 from ..state import commands as C
+from .batching import SubmitBatcher
 from .identity import Caller
 from .node import Node
 from .view import build_snapshot
@@ -36,6 +39,7 @@ class NodeService:
         self.node_name = node.node_name
         self.state_dir = node.state_dir
         self.store = node.store
+        self.batcher = SubmitBatcher(node.store, node.clock)
 
     def apply(self, cmd_name: str, /, **args) -> dict:
         try:
@@ -50,7 +54,9 @@ class NodeService:
         self.node.wake()
 
     # ------------------------------------------------------------ services for the API
-    def submit(self, caller: Caller, script: str, overrides: dict[str, str], workdir: str | None) -> dict:
+    async def submit(self, caller: Caller, script: str, overrides: dict[str, str], workdir: str | None) -> dict:
+        """Runs on the event loop: parsing and checks are quick, and the commit is
+        awaited (group-committed with concurrent submissions), not waited for in a thread."""
         try:
             spec = parse_job_file(script, overrides)
         except JobFileError as e:
@@ -66,10 +72,14 @@ class NodeService:
         now = self.clock()
         t = machine.tenants.get(caller.name)
         if t is None or t.uid != caller.uid:
-            r = self.apply(C.TENANT_ENSURE, name=caller.name, uid=caller.uid, gid=caller.gid, at=now)
+            r = await run_in_threadpool(self.apply, C.TENANT_ENSURE, name=caller.name, uid=caller.uid,
+                                        gid=caller.gid, at=now)
             if not r["ok"]:
                 raise ServiceError(409, f"tenant {caller.name!r}: {r['error']}")
-        r = self.apply(C.JOB_SUBMIT, tenant=caller.name, uid=caller.uid, gid=caller.gid, spec=spec.to_dict(), at=now)
+        try:
+            r = await self.batcher.submit(tenant=caller.name, uid=caller.uid, gid=caller.gid, spec=spec.to_dict())
+        except Exception as e:  # replication: no leader, no quorum
+            raise ServiceError(503, f"the cluster could not record this change: {e}") from None
         if not r["ok"]:
             raise ServiceError(422, f"refused: {r['error']}", refused=True)
         self.wake()

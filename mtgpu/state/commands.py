@@ -21,6 +21,7 @@ NODE_UP = "node.up.v1"
 NODE_REMOVE = "node.remove.v1"
 SCHED_ELECT = "scheduler.elect.v1"
 JOB_SUBMIT = "job.submit.v1"
+JOB_SUBMIT_BATCH = "job.submit-batch.v1"
 JOB_START = "job.start.v1"
 JOB_ANNOTATE = "job.annotate.v1"
 JOB_FINISH = "job.finish.v1"
@@ -38,6 +39,7 @@ ALL_COMMANDS = (
     NODE_REMOVE,
     SCHED_ELECT,
     JOB_SUBMIT,
+    JOB_SUBMIT_BATCH,
     JOB_START,
     JOB_ANNOTATE,
     JOB_FINISH,

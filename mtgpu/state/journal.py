@@ -102,6 +102,15 @@ class JournaledState:
                 self.snapshot()
         return result
 
+    def apply_async(self, command: dict, callback) -> None:
+        """The same contract as RaftState.apply_async (here it completes at once)."""
+        try:
+            result = self.apply(command)
+        except OSError as e:
+            callback(None, e)
+            return
+        callback(result, None)
+
     def snapshot(self) -> None:
         """Write the machine to snapshot.json and start an empty journal."""
         with self.lock:

@@ -137,6 +137,7 @@ class StateMachine:
             C.NODE_REMOVE: self._node_remove,
             C.SCHED_ELECT: self._sched_elect,
             C.JOB_SUBMIT: self._job_submit,
+            C.JOB_SUBMIT_BATCH: self._job_submit_batch,
             C.JOB_START: self._job_start,
             C.JOB_ANNOTATE: self._job_annotate,
             C.JOB_FINISH: self._job_finish,
@@ -262,6 +263,19 @@ class StateMachine:
             ids.append(jid)
         self.tenants[tenant].last_seen_at = max(self.tenants[tenant].last_seen_at, at)
         return {"job_id": first, "job_ids": ids}
+
+    def _job_submit_batch(self, submissions: list, at: float) -> dict:
+        """Several submissions in one command (group commit): each is accepted or
+        refused on its own, and the answers come back in order."""
+        results = []
+        for sub in submissions:
+            try:
+                results.append({"ok": True, **self._job_submit(at=at, **sub)})
+            except CommandRejected as e:
+                results.append({"ok": False, "error": str(e)})
+            except (TypeError, KeyError, ValueError) as e:
+                results.append({"ok": False, "error": f"malformed submission: {e}"})
+        return {"results": results}
 
     def _job_start(self, job_id: int, allocations: list, at: float, attempt: int | None = None,
                    epoch: int | None = None) -> dict:

@@ -85,7 +85,7 @@ class RaftState:
             appendEntriesUseBatch=not fast,
             raftMinTimeout=0.4,
             raftMaxTimeout=1.0,
-            appendEntriesPeriod=0.1,
+            appendEntriesPeriod=0.05,  # also how soon followers learn a commit when traffic is sparse
             connectionTimeout=2.0,
             connectionRetryTime=0.5,
             # A leader that lost its quorum stops believing it leads after this long.
@@ -116,6 +116,18 @@ class RaftState:
         if result is None:
             raise ReplicationError("the change was not applied")
         return result
+
+    def apply_async(self, command: dict, callback) -> None:
+        """Propose `command` without waiting; callback(result, error) runs once it is
+        committed and applied (error is a ReplicationError, or None)."""
+
+        def done(result, fail_reason):
+            if fail_reason == FAIL_REASON.SUCCESS and result is not None:
+                callback(result, None)
+            else:
+                callback(None, ReplicationError(f"the cluster did not commit the change (reason {fail_reason})"))
+
+        self._consumer.apply_command(command, callback=done)
 
     def close(self) -> None:
         self._sync.destroy()

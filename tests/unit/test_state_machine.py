@@ -129,3 +129,63 @@ def test_journal_snapshot_then_more_entries_replays_only_the_tail(tmp_path):
     expected = st.machine.to_dict()
     st.close()
     assert JournaledState(tmp_path).machine.to_dict() == expected
+
+
+def test_a_plan_from_an_earlier_scheduler_epoch_is_refused():
+    sm = setup_machine()
+    jid = submit(sm)
+    assert sm.apply(C.command(C.SCHED_ELECT, node="a", epoch=3, at=1.0))["ok"]
+    assert sm.apply(C.command(C.SCHED_ELECT, node="b", epoch=5, at=2.0))["ok"]
+    late = sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=3.0, epoch=3))
+    assert not late["ok"] and "epoch" in late["error"]
+    assert sm.jobs[jid].state is JobState.QUEUED
+    assert not sm.apply(C.command(C.SCHED_ELECT, node="a", epoch=4, at=4.0))["ok"]
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=3.0, epoch=5))["ok"]
+
+
+def test_a_down_node_takes_no_placement_until_it_is_up_again():
+    sm = setup_machine()
+    jid = submit(sm)
+    sm.apply(C.command(C.NODE_DOWN, name="n1", reason="no report for 12s", at=1.0))
+    r = sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=2.0))
+    assert not r["ok"] and "no report" in r["error"]
+    sm.apply(C.command(C.NODE_UP, name="n1", at=3.0))
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=4.0))["ok"]
+
+
+def _gang(sm):
+    sm.apply(C.command(C.NODE_REGISTER, name="n2", cpus=8, mem_total_bytes=64 * GiB, at=1.0,
+                       gpus=[{"index": 0, "vendor": "nvidia", "model": "RTX 4090", "vram_total_bytes": 24 * GiB}]))
+    jid = submit(sm, nodes=2)
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc("n1"), alloc("n2")], at=2.0))["ok"]
+    return jid
+
+
+def test_a_gang_completes_only_when_every_rank_ended_well():
+    sm = setup_machine()
+    jid = _gang(sm)
+    r = sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=0, rank=1, at=3.0))
+    assert r["ok"] and r["final"] is False and sm.jobs[jid].state is JobState.RUNNING
+    sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=0, rank=0, at=4.0))
+    assert sm.jobs[jid].state is JobState.COMPLETED
+    assert sm.commitment("n2").gpus[0].fraction == 0
+
+
+def test_one_failing_rank_fails_the_gang_naming_the_rank_and_node():
+    sm = setup_machine()
+    jid = _gang(sm)
+    sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=137, rank=1, at=3.0))
+    job = sm.jobs[jid]
+    assert job.state is JobState.FAILED and job.reason.startswith("rank 1 on n2")
+    assert not sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=0, rank=0, at=4.0))["ok"]
+
+
+def test_a_batch_of_submissions_answers_each_on_its_own():
+    sm = setup_machine()
+    subs = [{"tenant": "alice", "uid": 2001, "gid": 2001, "spec": make_spec()},
+            {"tenant": "nobody", "uid": 9, "gid": 9, "spec": make_spec()},
+            {"tenant": "alice", "uid": 2001, "gid": 2001, "spec": make_spec()}]
+    r = sm.apply(C.command(C.JOB_SUBMIT_BATCH, submissions=subs, at=1.0))
+    oks = [x["ok"] for x in r["results"]]
+    assert oks == [True, False, True]
+    assert r["results"][2]["job_id"] == r["results"][0]["job_id"] + 1
