@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def worker(sockets: list[str], jobs: int, clients: int) -> dict:
+def worker(sockets: list[str], jobs: int, clients: int, start_at: float) -> dict:
     from mtgpu.client.local import ClientError, LocalClient
 
     per_client = jobs // clients
@@ -53,34 +53,26 @@ def worker(sockets: list[str], jobs: int, clients: int) -> dict:
     threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
     for t in threads:
         t.start()
+    time.sleep(max(0.0, start_at - time.time()))
     barrier.wait()
-    t0 = time.perf_counter()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - t0
-    latencies.sort()
-    return {
-        "submitted": len(latencies),
-        "errors": len(errors),
-        "seconds": round(elapsed, 3),
-        "submit_per_s": round(len(latencies) / elapsed, 1),
-        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None,
-        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 2) if latencies else None,
-        "first_error": errors[0] if errors else None,
-    }
+    return {"latencies": latencies, "errors": errors, "ended_at": time.time()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=3000)
-    ap.add_argument("--clients", type=int, default=12)
+    ap.add_argument("--clients", type=int, default=16, help="client threads per client process")
+    ap.add_argument("--processes", type=int, default=3, help="client processes (each on one member in turn)")
     ap.add_argument("--via", choices=["all", "scheduler"], default="all",
                     help="spread clients over every member (default) or send all to the scheduler")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.jobs, args.clients)))
+        start_at, *sockets = args.worker
+        print(json.dumps(worker(sockets, args.jobs, args.clients, float(start_at))))
         return 0
     if os.geteuid() != 0:
         print("bench/submit_rate.py runs real servers and a real tenant: run it as root", file=sys.stderr)
@@ -95,19 +87,40 @@ def main() -> int:
                 print(r.stderr, file=sys.stderr)
                 return 1
         sockets = [str(m.socket_path) for m in ([cl.scheduler()] if args.via == "scheduler" else cl.members)]
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--jobs", str(args.jobs), "--clients",
-                            str(args.clients), "--worker", *sockets], user=user.uid, group=user.gid, extra_groups=[],
-                           capture_output=True, text=True, cwd=user.home, env={"PATH": "/usr/bin:/bin", "HOME": user.home})
-        if r.returncode != 0:
-            print(r.stderr, file=sys.stderr)
-            return 1
-        result = json.loads(r.stdout)
+        start_at = time.time() + 2.0
+        per_process = args.jobs // args.processes
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--jobs", str(per_process), "--clients",
+                                   str(args.clients), "--worker", str(start_at), *(sockets[k:] + sockets[:k])],
+                                  user=user.uid, group=user.gid, extra_groups=[], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=user.home,
+                                  env={"PATH": "/usr/bin:/bin", "HOME": user.home})
+                 for k in range(args.processes)]
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            if p.returncode != 0:
+                print(err, file=sys.stderr)
+                return 1
+            outs.append(json.loads(out))
+        latencies = sorted(x for o in outs for x in o["latencies"])
+        errors = [e for o in outs for e in o["errors"]]
+        elapsed = max(o["ended_at"] for o in outs) - start_at
+        result = {
+            "submitted": len(latencies),
+            "errors": len(errors),
+            "seconds": round(elapsed, 3),
+            "submit_per_s": round(len(latencies) / elapsed, 1),
+            "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None,
+            "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 2) if latencies else None,
+            "first_error": errors[0] if errors else None,
+        }
         with cl.members[1].client() as c:
             result["replicated_jobs_seen_on_another_member"] = len(c.jobs(all_tenants=True))
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"3-member cluster on loopback, {args.clients} client threads over 3 members, {result['submitted']} submissions")
+        print(f"3-member cluster on loopback, {args.processes} client processes x {args.clients} threads over the "
+              f"members, {result['submitted']} submissions")
         print(f"replicated submissions: {result['submit_per_s']:.0f}/s (p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms; "
               f"{result['errors']} errors)  [target >= 1,000/s; Slurm sustains ~500]")
     return 0

@@ -41,7 +41,7 @@ def local_app(service: NodeService) -> FastAPI:
     admin_group = service.config.ADMIN_GROUP
 
     def caller(request: Request) -> Caller:
-        c = caller_from_peer(getattr(request.state, "peer", None), admin_group)
+        c = caller_from_peer(getattr(request.state, "peer", None), admin_group, getattr(request.state, "memo", None))
         if c is None:
             raise ServiceError(401, "the caller could not be identified (connect through the Unix socket)")
         return c

@@ -83,8 +83,8 @@ class RaftState:
             # One round trip per synchronous write instead of waiting for a batch
             # (~100 ms with batching; see shared/TESTING.md).
             appendEntriesUseBatch=not fast,
-            raftMinTimeout=0.4,
-            raftMaxTimeout=1.0,
+            raftMinTimeout=0.35,
+            raftMaxTimeout=0.8,
             appendEntriesPeriod=0.05,  # also how soon followers learn a commit when traffic is sparse
             connectionTimeout=2.0,
             connectionRetryTime=0.5,
