@@ -77,6 +77,17 @@ def resume(name: str) -> None:
     out.print(f"node {name} resumed")
 
 
+@nodes_app.command("remove")
+def remove(name: str) -> None:
+    """Take member NAME out of the cluster (it must run no job: drain it first). Stop its server afterwards."""
+    try:
+        with LocalClient() as c:
+            c.remove_node(name)
+    except ClientError as e:
+        fail(e)
+    out.print(f"member {name} removed from the cluster")
+
+
 @app.command()
 def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.Option(False, "--json")) -> None:
     """Jobs of all tenants (root or the admin group)."""

@@ -104,3 +104,6 @@ class LocalClient:
 
     def resume(self, node: str) -> dict:
         return self._call("POST", f"/v1/nodes/{node}/resume")
+
+    def remove_node(self, node: str) -> dict:
+        return self._call("POST", f"/v1/nodes/{node}/remove")

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ..state.raft import ReplicationError
+from .cluster_errors import ClusterSetupError
 from .identity import Caller, caller_from_peer
 from .service import NodeService, ServiceError
 
@@ -87,6 +88,10 @@ def local_app(service: NodeService) -> FastAPI:
     def resume(name: str, request: Request) -> dict:
         return service.set_drain(caller(request), name, False)
 
+    @app.post("/v1/nodes/{name}/remove")
+    def remove(name: str, request: Request) -> dict:
+        return service.remove_node(caller(request), name)
+
     return app
 
 
@@ -132,6 +137,14 @@ def add_cluster_routes(app: FastAPI, service: NodeService) -> None:
             return await run_in_threadpool(link.handle_join, body["name"], body["listen"], body["raft"])
         except ReplicationError as e:
             raise ServiceError(503, str(e)) from None
+
+    @app.post("/cluster/v1/remove")
+    async def remove(request: Request) -> dict:
+        body = json.loads(await verified(request))
+        try:
+            return await run_in_threadpool(link.handle_remove, body["name"])
+        except (ReplicationError, ClusterSetupError) as e:
+            raise ServiceError(409, str(e)) from None
 
     @app.get("/cluster/v1/pending")
     async def pending(request: Request) -> dict:

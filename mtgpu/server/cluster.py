@@ -34,7 +34,9 @@ import httpx
 from ..agent.local import LocalAgent
 from ..config import Config
 from ..model.gpu import GpuInfo, HostInfo
+from ..state import commands as C
 from ..state.raft import RaftState, ReplicationError
+from .cluster_errors import ClusterSetupError
 from .node import Node
 from .view import NodeTelemetry
 
@@ -44,10 +46,6 @@ MAX_VOTERS = 5
 MIN_VOTERS = 3
 SIGNATURE_MAX_AGE_S = 30.0
 REPORT_EVERY_S = 1.0
-
-
-class ClusterSetupError(Exception):
-    """This member cannot take part in the cluster; the message says why and what to do."""
 
 
 # ---------------------------------------------------------------- secret and signatures
@@ -202,6 +200,32 @@ class ClusterLink:
             self.store.add_voter(raft)
             return {"voter": True, "voters": sorted(set(voters) | {raft})}
         return {"voter": False, "voters": voters}
+
+    def handle_remove(self, name: str) -> dict:
+        """On the scheduler: take a member out of the cluster (out of the voters too).
+        It must run no job: drain it and let its jobs finish, or let it be marked down."""
+        if not self.store.is_leader():
+            leader = self.leader_api()
+            if leader is None:
+                raise ReplicationError("no scheduler right now; try again in a moment")
+            return self.call(leader, "POST", "/cluster/v1/remove", {"name": name}, 15)
+        rec = self.store.machine.nodes.get(name)
+        if rec is None:
+            raise ClusterSetupError(f"no member named {name!r}")
+        if name == self.node_name:
+            raise ClusterSetupError(f"{name} schedules now; remove it from another member after it stopped")
+        busy = [j.id for j in self.store.machine.running_jobs() if any(a.node == name for a in j.allocations)]
+        if busy:
+            raise ClusterSetupError(f"{name} still runs jobs {busy}: `mtgpu-admin nodes drain {name}` and let them "
+                                    "finish (or stop the member so it is marked down) first")
+        raft = raft_address(rec.address)
+        if raft in self.store.voters():
+            self.store.remove_voter(raft)
+        r = self.store.apply(C.command(C.NODE_REMOVE, name=name, at=self.node.clock()))
+        if not r["ok"]:
+            raise ClusterSetupError(r["error"])
+        self.node.scheduler.telemetry.pop(name, None)
+        return {"removed": name}
 
     def voter_names(self) -> list[str]:
         by_addr = {advertised(n.address): n.name for n in self.store.machine.nodes.values() if n.address}

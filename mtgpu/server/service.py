@@ -215,6 +215,16 @@ class NodeService:
         self.wake()
         return {"node": name, "drained": drain}
 
+    def remove_node(self, caller: Caller, name: str) -> dict:
+        if not caller.is_admin:
+            raise ServiceError(403, "removing a member needs root or the admin group")
+        if self.node.cluster is None:
+            raise ServiceError(409, "a standalone node has no other members to remove")
+        try:
+            return self.node.cluster.handle_remove(name)
+        except Exception as e:  # membership and replication errors carry their own explanation
+            raise ServiceError(409, f"could not remove {name}: {e}") from None
+
     def info(self) -> dict:
         return {
             "node": self.node_name,

@@ -211,3 +211,34 @@ def test_a_minority_cannot_place_jobs(alice):
             for m in others:
                 os.kill(m.proc.pid, signal.SIGCONT)
         cl.scheduler()  # the majority is back: it elects a scheduler again
+
+
+def test_an_array_spreads_over_members_with_at_most_k_running_and_a_member_can_be_removed(alice):
+    with running_cluster(3) as cl:
+        m0 = cl.members[0]
+        marks = marks_dir(alice, "array")
+        script = (f"#!/bin/bash\n#MTGPU array=0-7%3 gpus=1\necho $MTGPU_NODE > {marks}/$MTGPU_ARRAY_INDEX\n"
+                  f"n=$(ls {marks}/run-* 2>/dev/null | wc -l); touch {marks}/run-$MTGPU_ARRAY_INDEX\n"
+                  f"echo $((n+1)) > {marks}/concurrent-$MTGPU_ARRAY_INDEX\nsleep 0.6\nrm {marks}/run-$MTGPU_ARRAY_INDEX\n")
+        ids = m0.submit_json(alice, script=script)["job_ids"]
+        peak = 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            jobs = m0.client().jobs(all_tenants=True)
+            running = [j for j in jobs if j["id"] in ids and j["state"] == "running"]
+            peak = max(peak, len(running))
+            if all(j["state"] == "completed" for j in jobs if j["id"] in ids):
+                break
+            time.sleep(0.05)
+        assert peak <= 3
+        nodes = {(marks / str(i)).read_text().strip() for i in range(8)}
+        assert len(nodes) >= 2, nodes  # spread over members with free capacity
+        # Remove a member that runs nothing: it leaves the cluster's view.
+        victim = member_name(cl.members[2])
+        sched = cl.scheduler()
+        if member_name(sched) == victim:
+            victim = member_name(cl.members[1])
+        assert m0.admin("nodes", "drain", victim).returncode == 0
+        r = m0.admin("nodes", "remove", victim)
+        assert r.returncode == 0, r.stderr
+        assert victim not in {n["name"] for n in nodes_json(m0)}

@@ -1,0 +1,6 @@
+"""Errors of cluster membership, kept apart so the API can name them without loading Raft."""
+
+
+class ClusterSetupError(Exception):
+    """This member cannot take part in the cluster (or cannot do what was asked); the
+    message says why and what to do."""
