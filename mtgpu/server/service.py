@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
-from pathlib import Path
 
 from fastapi.concurrency import run_in_threadpool
 

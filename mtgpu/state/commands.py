@@ -13,6 +13,11 @@ the `at` argument, stamped by whoever proposes the command.
 from __future__ import annotations
 
 TENANT_ENSURE = "tenant.ensure.v1"
+TENANT_INVITE = "tenant.invite.v1"
+TENANT_JOIN = "tenant.join.v1"
+TENANT_ASSIGN = "tenant.assign.v1"
+TENANT_REMOVE = "tenant.remove.v1"
+TENANT_SEEN = "tenant.seen.v1"
 NODE_REGISTER = "node.register.v1"
 NODE_DRAIN = "node.drain.v1"
 NODE_RESUME = "node.resume.v1"
@@ -31,6 +36,11 @@ JOB_FORGET = "job.forget.v1"
 
 ALL_COMMANDS = (
     TENANT_ENSURE,
+    TENANT_INVITE,
+    TENANT_JOIN,
+    TENANT_ASSIGN,
+    TENANT_REMOVE,
+    TENANT_SEEN,
     NODE_REGISTER,
     NODE_DRAIN,
     NODE_RESUME,

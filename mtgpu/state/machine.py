@@ -15,25 +15,13 @@ from dataclasses import dataclass, field
 
 from ..model.job import GpuMode, Job, JobSpec, JobState, NodeAllocation
 from . import commands as C
+from .tenants import Invite, TenantCommands, TenantRecord, TenantRejected
 
 _EPS = 1e-9
 
 
 class CommandRejected(Exception):
     """Raised inside a handler; turned into {"ok": False, "error": str(e)}."""
-
-
-@dataclass(slots=True)
-class TenantRecord:
-    name: str
-    uid: int
-    gid: int
-    created_at: float
-    last_seen_at: float
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "uid": self.uid, "gid": self.gid,
-                "created_at": self.created_at, "last_seen_at": self.last_seen_at}
 
 
 @dataclass(slots=True)
@@ -113,11 +101,13 @@ class NodeCommitment:
     gpus: dict[int, GpuCommitment] = field(default_factory=dict)
 
 
-class StateMachine:
+class StateMachine(TenantCommands):
     """All durable state. Derived indexes (commitments, queue) are rebuilt from jobs."""
 
     def __init__(self) -> None:
         self.tenants: dict[str, TenantRecord] = {}
+        self.invites: dict[str, Invite] = {}
+        self.retired_ids: set[int] = set()
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[int, Job] = {}
         self.next_job_id = 1
@@ -129,6 +119,11 @@ class StateMachine:
         self._commitments: dict[str, NodeCommitment] = {}
         self._handlers = {
             C.TENANT_ENSURE: self._tenant_ensure,
+            C.TENANT_INVITE: self._tenant_invite,
+            C.TENANT_JOIN: self._tenant_join,
+            C.TENANT_ASSIGN: self._tenant_assign,
+            C.TENANT_REMOVE: self._tenant_remove,
+            C.TENANT_SEEN: self._tenant_seen,
             C.NODE_REGISTER: self._node_register,
             C.NODE_DRAIN: self._node_drain,
             C.NODE_RESUME: self._node_resume,
@@ -156,7 +151,7 @@ class StateMachine:
             return {"ok": False, "error": f"unknown command {name!r}"}
         try:
             result = handler(**command.get("args", {}))
-        except CommandRejected as e:
+        except (CommandRejected, TenantRejected) as e:
             return {"ok": False, "error": str(e)}
         except (TypeError, KeyError, ValueError) as e:
             return {"ok": False, "error": f"malformed {name}: {e}"}
@@ -176,18 +171,6 @@ class StateMachine:
         return [j for j in self.jobs.values() if j.array_parent == parent]
 
     # ---------------------------------------------------------------- tenants and nodes
-    def _tenant_ensure(self, name: str, uid: int, gid: int, at: float) -> dict:
-        t = self.tenants.get(name)
-        if t is None:
-            if any(o.uid == uid for o in self.tenants.values()):
-                raise CommandRejected(f"uid {uid} already belongs to another tenant")
-            self.tenants[name] = TenantRecord(name, uid, gid, at, at)
-            return {"created": True}
-        if t.uid != uid:
-            raise CommandRejected(f"tenant {name!r} has uid {t.uid}, not {uid}")
-        t.last_seen_at = max(t.last_seen_at, at)
-        return {"created": False}
-
     def _node_register(self, name: str, gpus: list, cpus: float, mem_total_bytes: int,
                        at: float, address: str = "") -> dict:
         old = self.nodes.get(name)
@@ -439,6 +422,8 @@ class StateMachine:
             "sched_epoch": self.sched_epoch,
             "scheduler": self.scheduler,
             "tenants": [t.to_dict() for t in self.tenants.values()],
+            "invites": {h: i.to_dict() for h, i in self.invites.items()},
+            "retired_ids": sorted(self.retired_ids),
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "jobs": [j.to_dict() for j in self.jobs.values()],
         }
@@ -451,7 +436,9 @@ class StateMachine:
         sm.sched_epoch = d.get("sched_epoch", 0)
         sm.scheduler = d.get("scheduler", "")
         for t in d["tenants"]:
-            sm.tenants[t["name"]] = TenantRecord(**t)
+            sm.tenants[t["name"]] = TenantRecord.from_dict(t)
+        sm.invites = {h: Invite(**i) for h, i in d.get("invites", {}).items()}
+        sm.retired_ids = set(d.get("retired_ids", []))
         for n in d["nodes"]:
             sm.nodes[n["name"]] = NodeRecord.from_dict(n)
         for jd in d["jobs"]:
