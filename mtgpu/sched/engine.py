@@ -30,6 +30,10 @@ TIE_EPS = 1e-9
 REASON_SCAN_LIMIT = 64  # nodes examined by name for a pending reason on big clusters
 RESERVATION_DEPTH = 16  # blocked jobs per pass that get a computed start time
 DEDUPE_ROWS = 48
+# Nodes are compared by how much a placement reduces fragmentation, in steps of this share
+# of a GPU (like FGD's integer node score); equal steps are ties. Step 0 is exact; 0.02-0.035
+# measured best on the openb trace (the exact optimum is too greedy: 95.02 -> 95.34 at 130%).
+SCORE_STEP = 0.03
 _HASH = 0x9E3779B1  # Fibonacci hashing of the job id picks among equally good nodes
 
 
@@ -120,7 +124,7 @@ class Scheduler:
         mem = f.mem_usable[rows].astype(np.float64) - req.mem_bytes
         old = self.value[rows]
         if not req.gpu_count:
-            s.score[rows] = self.frag.value(left, gmodel, cpu, mem) - old
+            s.score[rows] = self._step(self.frag.value(left, gmodel, cpu, mem) - old)
             return
         if req.mode == GpuMode.OVERSUBSCRIBE:
             load = np.where(ok, f.load[rows], np.inf)
@@ -130,13 +134,22 @@ class Scheduler:
         share = self._share(req, rows)
         if req.gpu_count == 1 and req.mode == GpuMode.SHARED:
             # one candidate state per GPU the share could go to
-            v = np.where(ok, self.frag.value_one_gpu(left, gmodel, share, cpu, mem), NEG)
+            v = np.where(ok, self.frag.value_one_gpu(left, gmodel, share, cpu, mem) + share, NEG)
             best = np.argmax(v, axis=1)
             s.gpu[rows] = best
-            s.score[rows] = v[np.arange(len(rows)), best] - old
+            s.score[rows] = self._step(v[np.arange(len(rows)), best] - old)
             return
         take = ok & (np.cumsum(ok, axis=1) <= req.gpu_count)
-        s.score[rows] = self.frag.value(left - take * share, gmodel, cpu, mem) - old
+        taken = take * share
+        s.score[rows] = self._step(self.frag.value(left - taken, gmodel, cpu, mem) - old + taken.sum(axis=1))
+
+    @staticmethod
+    def _step(gain: np.ndarray) -> np.ndarray:
+        """Fragmentation removed by a placement (share taken + V after - V before; 0 when
+        every kind of job can still use all that is left), in SCORE_STEP steps."""
+        if SCORE_STEP <= 0:
+            return gain
+        return np.floor(gain / SCORE_STEP + 1e-6)
 
     def _share(self, req: RankRequest, rows: np.ndarray) -> np.ndarray:
         """Per GPU slot: the share of it one GPU of `req` takes."""
@@ -242,8 +255,8 @@ class Scheduler:
             if best == NEG:
                 return None  # only reachable when the arrays and NodeState disagree
             ties = np.flatnonzero(cand >= best - TIE_EPS)
-            if len(ties) > 1:
-                # equal fragmentation: best fit, the node with the least GPU share left
+            if len(ties) > 1 and not req.gpu_count:
+                # a CPU-only job: among equals, the node with the least GPU share left
                 free = self.fleet.left[ties].sum(axis=1)
                 ties = ties[free <= free.min() + TIE_EPS]
             row = int(ties[(job_id * _HASH) % len(ties)]) if len(ties) > 1 else int(ties[0])
