@@ -88,6 +88,71 @@ def remove(name: str) -> None:
     out.print(f"member {name} removed from the cluster")
 
 
+tenant_app = typer.Typer(add_completion=False, help="Tenants: invite, list, remove, assign to clusters.")
+app.add_typer(tenant_app, name="tenant")
+
+
+@tenant_app.command("invite")
+def tenant_invite(
+    name: str,
+    cluster: list[str] = typer.Option([], "--cluster", help="a cluster id the tenant may use (repeatable; default: this one)"),
+    days: float = typer.Option(7.0, "--days", help="how long the code stays valid"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Authorize a person: prints a one-time invite code for `remotegpu-cli join CODE --server HOST:PORT`."""
+    try:
+        with LocalClient() as c:
+            r = c.invite(name, list(cluster), days * 86400.0)
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(r)
+    else:
+        out.print(f"invite for {r['name']} (clusters: {', '.join(r['clusters'])}), valid until {when(r['expires_at'])}:")
+        out.print(r["code"], markup=False)
+        out.print("they run: remotegpu-cli join CODE --server THIS_NODE:PORT", markup=False)
+
+
+@tenant_app.command("list")
+def tenant_list(json_out: bool = typer.Option(False, "--json")) -> None:
+    """Every tenant with uid/gid, clusters and last activity."""
+    try:
+        with LocalClient() as c:
+            rows = c.tenants()
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("TENANT", "UID", "GID", "KIND", "CLUSTERS", "KEYS", "LAST SEEN", box=None)
+    for t in rows:
+        table.add_row(t["name"], str(t["uid"]), str(t["gid"]), "invited" if t["managed"] else "local",
+                      ",".join(t["clusters"]) or "-", str(len(t["keys"])), when(t["last_seen_at"]))
+    out.print(table)
+
+
+@tenant_app.command("remove")
+def tenant_remove(name: str) -> None:
+    """Remove a tenant (its account and home go from every node; its ids are never reused)."""
+    try:
+        with LocalClient() as c:
+            c.remove_tenant(name)
+    except ClientError as e:
+        fail(e)
+    out.print(f"tenant {name} removed")
+
+
+@tenant_app.command("assign")
+def tenant_assign(name: str, cluster: list[str] = typer.Option(..., "--cluster", help="cluster id (repeatable)")) -> None:
+    """Set the clusters a tenant may use."""
+    try:
+        with LocalClient() as c:
+            c.assign_tenant(name, list(cluster))
+    except ClientError as e:
+        fail(e)
+    out.print(f"tenant {name}: clusters {', '.join(cluster)}")
+
+
 @app.command()
 def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.Option(False, "--json")) -> None:
     """Jobs of all tenants (root or the admin group)."""

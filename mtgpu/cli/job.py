@@ -84,6 +84,8 @@ def submit(
     try:
         with _client() as c:
             result = c.submit(script, overrides, workdir=os.getcwd())
+            if result.get("warning"):
+                err.print(f"warning: {result['warning']}", markup=False)
             if json_out and not wait:
                 print_json(result)
             elif not wait:

@@ -107,3 +107,18 @@ class LocalClient:
 
     def remove_node(self, node: str) -> dict:
         return self._call("POST", f"/v1/nodes/{node}/remove")
+
+    def invite(self, name: str, clusters: list[str] | None = None, ttl_s: float | None = None) -> dict:
+        body: dict = {"name": name, "clusters": clusters or []}
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        return self._call("POST", "/v1/tenants", json=body)
+
+    def tenants(self) -> list[dict]:
+        return self._call("GET", "/v1/tenants")
+
+    def remove_tenant(self, name: str) -> dict:
+        return self._call("POST", f"/v1/tenants/{name}/remove")
+
+    def assign_tenant(self, name: str, clusters: list[str]) -> dict:
+        return self._call("POST", f"/v1/tenants/{name}/assign", json={"clusters": clusters})

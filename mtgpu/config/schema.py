@@ -305,6 +305,11 @@ class Config(BaseModel):
     SIMULATED_GPUS: list[SimulatedGpu] = Field(
         default_factory=list, description="the GPUs the simulated backend reports; none is a CPU-only node"
     )
+    ACCOUNTS_ROOT: AbsolutePath = Field(
+        Path("/"),
+        description="(our addition) root of the account database tenants are created in: / for the machine's own "
+                    "/etc/passwd; another folder (useradd --prefix) for a container image or a test",
+    )
     MEMBER_DOWN_AFTER_S: float = Field(
         10.0, gt=0.5, le=3600, strict=False,
         description="(our addition) a cluster member that has not reported for this long is marked down; its jobs "

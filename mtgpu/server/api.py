@@ -1,9 +1,11 @@
 """HTTP routes: thin wrappers over server.service.
 
 Two apps. `local_app` is served on the Unix socket: callers are identified by the
-kernel (SO_PEERCRED) and may submit, list, cancel and read logs. `public_app` is
-served on LISTEN for clients off the node; until key authentication exists it
-answers health and metadata only, and has no route that could accept a job.
+kernel (SO_PEERCRED). `public_app` is served on LISTEN for clients off the node:
+health and metadata for anyone; `POST /v1/join` with a one-time invite code; every
+other tenant route only for requests signed with the tenant's registered key; and,
+in cluster mode, member-to-member routes signed with the cluster secret. No
+unauthenticated request can submit a job.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..state.raft import ReplicationError
 from .cluster_errors import ClusterSetupError
 from .identity import Caller, caller_from_peer
 from .service import NodeService, ServiceError
+from .tenant_service import TenantService
 
 
 class SubmitRequest(BaseModel):
@@ -36,7 +39,22 @@ def _error_response(_request: Request, exc: ServiceError) -> JSONResponse:
     return JSONResponse(status_code=exc.status, content={"error": str(exc), "refused": exc.refused})
 
 
-def local_app(service: NodeService) -> FastAPI:
+class InviteRequest(BaseModel):
+    name: str
+    clusters: list[str] = Field(default_factory=list, description="cluster ids (default: this one)")
+    ttl_s: float = Field(default=7 * 86400.0, gt=0, le=90 * 86400.0, description="how long the code is valid")
+
+
+class AssignRequest(BaseModel):
+    clusters: list[str]
+
+
+class JoinRequest(BaseModel):
+    code: str = Field(max_length=200)
+    key: str = Field(max_length=2000, description="an OpenSSH ed25519 public key line")
+
+
+def local_app(service: NodeService, tenants: TenantService) -> FastAPI:
     app = FastAPI(title="mtgpu node (local socket)", docs_url=None, redoc_url=None)
     app.add_exception_handler(ServiceError, _error_response)
     admin_group = service.config.ADMIN_GROUP
@@ -56,25 +74,10 @@ def local_app(service: NodeService) -> FastAPI:
         c = caller(request)
         return {"name": c.name, "uid": c.uid, "gid": c.gid, "admin": c.is_admin}
 
-    @app.post("/v1/jobs")
-    async def submit(body: SubmitRequest, request: Request) -> dict:
-        return await service.submit(caller(request), body.script, body.overrides, body.workdir)
+    async def identify(request: Request) -> Caller:
+        return caller(request)
 
-    @app.get("/v1/jobs")
-    def list_jobs(request: Request, all: bool = False, active: bool = False) -> list[dict]:
-        return service.list_jobs(caller(request), all_tenants=all, include_final=not active)
-
-    @app.get("/v1/jobs/{job_id}")
-    def show(job_id: int, request: Request) -> dict:
-        return service.show(caller(request), job_id)
-
-    @app.post("/v1/jobs/{job_id}/cancel")
-    def cancel(job_id: int, request: Request) -> dict:
-        return service.cancel(caller(request), job_id)
-
-    @app.get("/v1/jobs/{job_id}/log")
-    def log(job_id: int, request: Request, offset: int = 0) -> dict:
-        return service.read_log(caller(request), job_id, offset)
+    add_job_routes(app, service, identify)
 
     @app.get("/v1/nodes")
     def nodes(request: Request) -> list[dict]:
@@ -92,10 +95,51 @@ def local_app(service: NodeService) -> FastAPI:
     def remove(name: str, request: Request) -> dict:
         return service.remove_node(caller(request), name)
 
+    @app.post("/v1/tenants")
+    def invite(body: InviteRequest, request: Request) -> dict:
+        return tenants.invite(caller(request), body.name, body.clusters, body.ttl_s)
+
+    @app.get("/v1/tenants")
+    def tenant_list(request: Request) -> list[dict]:
+        return tenants.tenants(caller(request))
+
+    @app.post("/v1/tenants/{name}/remove")
+    def tenant_remove(name: str, request: Request) -> dict:
+        return tenants.remove(caller(request), name)
+
+    @app.post("/v1/tenants/{name}/assign")
+    def tenant_assign(name: str, body: AssignRequest, request: Request) -> dict:
+        return tenants.assign(caller(request), name, body.clusters)
+
     return app
 
 
-def public_app(service: NodeService) -> FastAPI:
+def add_job_routes(app: FastAPI, service: NodeService, identify) -> None:
+    """The tenant's job routes; `identify(request)` says who calls (peer credentials or signature)."""
+
+    @app.post("/v1/jobs")
+    async def submit(body: SubmitRequest, request: Request) -> dict:
+        return await service.submit(await identify(request), body.script, body.overrides, body.workdir)
+
+    @app.get("/v1/jobs")
+    async def list_jobs(request: Request, all: bool = False, active: bool = False) -> list[dict]:
+        who = await identify(request)
+        return await run_in_threadpool(service.list_jobs, who, all_tenants=all, include_final=not active)
+
+    @app.get("/v1/jobs/{job_id}")
+    async def show(job_id: int, request: Request) -> dict:
+        return await run_in_threadpool(service.show, await identify(request), job_id)
+
+    @app.post("/v1/jobs/{job_id}/cancel")
+    async def cancel(job_id: int, request: Request) -> dict:
+        return await run_in_threadpool(service.cancel, await identify(request), job_id)
+
+    @app.get("/v1/jobs/{job_id}/log")
+    async def log(job_id: int, request: Request, offset: int = 0) -> dict:
+        return await run_in_threadpool(service.read_log, await identify(request), job_id, offset)
+
+
+def public_app(service: NodeService, tenants: TenantService) -> FastAPI:
     app = FastAPI(title="mtgpu node (network)", docs_url=None, redoc_url=None)
     app.add_exception_handler(ServiceError, _error_response)
 
@@ -106,6 +150,24 @@ def public_app(service: NodeService) -> FastAPI:
     @app.get("/v1/info")
     def info() -> dict:
         return service.info()
+
+    @app.post("/v1/join")
+    def join(body: JoinRequest) -> dict:
+        return tenants.join(body.code, body.key)
+
+    async def identify(request: Request) -> Caller:
+        body = await request.body()
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return await run_in_threadpool(tenants.identify, request.method, path, body, request.headers)
+
+    @app.get("/v1/me")
+    async def me(request: Request) -> dict:
+        who = await identify(request)
+        t = service.store.machine.tenants[who.name]
+        return {"name": t.name, "uid": t.uid, "gid": t.gid, "clusters": t.clusters, "cluster_id": tenants.cluster_id,
+                "node": service.node_name}
+
+    add_job_routes(app, service, identify)
 
     if service.node.cluster is not None:
         add_cluster_routes(app, service)

@@ -17,6 +17,7 @@ from .api import local_app, public_app
 from .identity import PeerCredProtocol
 from .node import Node
 from .service import NodeService
+from .tenant_service import TenantService
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,10 @@ async def _serve(service: NodeService, config: Config) -> None:
     host, port = config.listen_host_port()
     sock_path = str(config.socket_path)
     quiet = {"log_level": "warning", "access_log": False, "lifespan": "off"}
-    local = uvicorn.Server(uvicorn.Config(local_app(service), uds=sock_path, http=PeerCredProtocol,
+    tenants = TenantService(service)
+    local = uvicorn.Server(uvicorn.Config(local_app(service, tenants), uds=sock_path, http=PeerCredProtocol,
                                           timeout_keep_alive=30, **quiet))
-    public = uvicorn.Server(uvicorn.Config(public_app(service), host=host, port=port, **quiet))
+    public = uvicorn.Server(uvicorn.Config(public_app(service, tenants), host=host, port=port, **quiet))
     for server in (local, public):
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..agent.local import LocalAgent
 from ..config import Config
 from ..state import commands as C
+from .accounts_agent import AccountsAgent
 from .agent_loop import AgentLoop
 from .scheduler_role import SchedulerRole
 from .view import NodeTelemetry
@@ -55,6 +56,7 @@ class Node:
         host = config.listen_host_port()[0]
         self.agent_loop = AgentLoop(store, agent, self.node_name, str(config.TENANT_HOME_ROOT), self.state_dir,
                                     clock, advertise_host=host, lease=self.lease)
+        self.accounts = AccountsAgent(store, config, self.node_name, clock, config.CLUSTER_ID or self.node_name)
         self.local_telemetry: NodeTelemetry | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -76,6 +78,7 @@ class Node:
             self._thread.join(timeout=5)
         if self.cluster is not None:
             self.cluster.stop()
+        self.accounts.stop()
         self.store.close()
         self.agent.close()
 
@@ -120,6 +123,7 @@ class Node:
             self.lease.renew()
         tel = self.local_telemetry
         self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set())
+        self.accounts.run_once()
 
     def refresh_telemetry(self, force: bool = False) -> None:
         now = self.clock()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
+from pathlib import Path
 
 from fastapi.concurrency import run_in_threadpool
 
@@ -14,6 +15,7 @@ from ..jobfile import JobFileError, parse_job_file
 from ..model.job import Job, JobState
 from ..sched import check_satisfiable
 from ..state import commands as C
+from ..storage.quota import check_submission, detect_quota_backend, quota_warning
 from .batching import SubmitBatcher
 from .identity import Caller
 from .node import Node
@@ -39,6 +41,11 @@ class NodeService:
         self.state_dir = node.state_dir
         self.store = node.store
         self.batcher = SubmitBatcher(node.store, node.clock)
+        self.disk = None
+        if node.config.USER_DISK_LIMIT:
+            choice = detect_quota_backend(node.config.TENANT_HOME_ROOT)
+            self.disk = choice.backend
+            log.info("USER_DISK_LIMIT %d bytes, enforced by %s", node.config.USER_DISK_LIMIT, choice.reason)
 
     def apply(self, cmd_name: str, /, **args) -> dict:
         try:
@@ -68,6 +75,7 @@ class NodeService:
         reason = check_satisfiable(spec, snapshot)
         if reason:
             raise ServiceError(422, f"refused: no node of this cluster can ever run this job: {reason}", refused=True)
+        warning = await run_in_threadpool(self._check_disk, caller)
         now = self.clock()
         t = machine.tenants.get(caller.name)
         if t is None or t.uid != caller.uid:
@@ -82,7 +90,23 @@ class NodeService:
         if not r["ok"]:
             raise ServiceError(422, f"refused: {r['error']}", refused=True)
         self.wake()
-        return {"job_id": r["job_id"], "job_ids": r["job_ids"]}
+        out = {"job_id": r["job_id"], "job_ids": r["job_ids"]}
+        if warning:
+            out["warning"] = warning
+        return out
+
+    def _check_disk(self, caller: Caller) -> str | None:
+        """Refuse a tenant at or over USER_DISK_LIMIT (with the figures); warn near it.
+        Running jobs are left alone."""
+        if self.disk is None:
+            return None
+        limit = self.config.USER_DISK_LIMIT
+        home = Path(self.config.TENANT_HOME_ROOT) / caller.name
+        reading = self.disk.usage(caller.name, caller.uid, self.clock())
+        refusal = check_submission(caller.name, reading.used_bytes, limit, home)
+        if refusal:
+            raise ServiceError(422, f"refused: {refusal}", refused=True)
+        return quota_warning(caller.name, reading.used_bytes, limit, home)
 
     def _visible_job(self, caller: Caller, job_id: int) -> Job:
         job = self.store.machine.jobs.get(job_id)

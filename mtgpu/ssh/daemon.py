@@ -165,7 +165,8 @@ class TenantSshd:
         wrapper = str(self.wrapper_path)
         text = render_sshd_config(
             self.listen_host, self.listen_port, [str(self.host_key_path)], str(self.pid_path),
-            str(self.keys_dir / "%u"), self.tenant_group, wrapper, self.persistent_terminals)
+            str(self.keys_dir / "%u"), self.tenant_group, wrapper, self.persistent_terminals,
+            set_env={"MTGPU_SOCKET": str(self.state_dir / "mtgpu.sock")})
         _atomic_write(self.config_path, text, 0o644)
 
     def set_authorized_keys(self, user: str, keys: list[str]) -> None:

@@ -225,8 +225,8 @@ def test_the_network_api_answers_metadata_but_never_accepts_a_job(node2):
     base = f"http://127.0.0.1:{node2.port}"
     assert httpx.get(f"{base}/v1/health").json()["ok"] is True
     r = httpx.post(f"{base}/v1/jobs", json={"script": "#!/bin/bash\ntouch /tmp/pwned\n"})
-    assert r.status_code in (404, 405)
-    assert httpx.get(f"{base}/v1/jobs").status_code in (404, 405)
+    assert r.status_code == 401 and r.json()["error"].startswith("refused")
+    assert httpx.get(f"{base}/v1/jobs").status_code == 401
 
 
 def test_limits_become_cgroup_limits_and_the_record_says_what_was_enforced(node2, alice):

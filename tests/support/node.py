@@ -177,8 +177,11 @@ def kill_leftover_runs(state_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_node(gpus: list[dict] | None = None, name: str = "node-a", start: bool = True, **settings) -> Iterator[Node]:
-    base = Path(tempfile.mkdtemp(prefix="mtgpu-it-"))
+def running_node(gpus: list[dict] | None = None, name: str = "node-a", start: bool = True,
+                 parent_dir: str | None = None, **settings) -> Iterator[Node]:
+    """`parent_dir`: where the node's folder goes (default /tmp; the tenant sshd needs a
+    root-controlled path such as /var/lib, since sshd's StrictModes refuses /tmp)."""
+    base = Path(tempfile.mkdtemp(prefix="mtgpu-it-", dir=parent_dir))
     os.chmod(base, 0o755)
     state_dir = base / "state"
     port = free_port()

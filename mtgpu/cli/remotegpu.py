@@ -1,0 +1,185 @@
+"""remotegpu-cli: a tenant's client from any computer. `join` redeems an invite code
+with your key; the other commands talk to the servers you joined, signed with it.
+
+Servers you joined are kept in ~/.config/remotegpu/servers.json; the key is
+~/.config/remotegpu/id_ed25519 unless you give your own with --key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..client.local import ClientError
+from ..client.remote import RemoteClient
+from ..client.signing import BadKey, generate_key_pair, load_private_key, public_line
+from .common import fail, out, print_json, when
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+def config_dir() -> Path:
+    base = os.environ.get("REMOTEGPU_HOME") or os.path.join(os.path.expanduser("~"), ".config", "remotegpu")
+    return Path(base)
+
+
+def _servers() -> list[dict]:
+    path = config_dir() / "servers.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def _save_servers(servers: list[dict]) -> None:
+    d = config_dir()
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = d / "servers.json.tmp"
+    tmp.write_text(json.dumps(servers, indent=2))
+    os.replace(tmp, d / "servers.json")
+
+
+def _server(name: Optional[str]) -> dict:
+    servers = _servers()
+    if not servers:
+        fail("no server joined yet: remotegpu-cli join CODE --server HOST:PORT", 2)
+    if name is None:
+        return servers[0]
+    for s in servers:
+        if name in (s["server"], s.get("node"), s.get("cluster_id")):
+            return s
+    fail(f"no joined server {name!r}; joined: {', '.join(s['server'] for s in servers)}", 2)
+
+
+def _client(entry: dict) -> RemoteClient:
+    return RemoteClient(entry["server"], entry["tenant"], Path(entry["key"]))
+
+
+@app.command()
+def join(
+    code: str,
+    server: str = typer.Option(..., "--server", help="HOST:PORT of a node (its LISTEN)"),
+    key: Optional[Path] = typer.Option(None, "--key", help="your ed25519 private key, or its .pub (default: make one)"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Redeem an invite code: registers your public key; you get an account on every node."""
+    try:
+        if key is None:
+            key = config_dir() / "id_ed25519"
+            public = (Path(str(key) + ".pub").read_text().strip() if key.exists() else generate_key_pair(key))
+        else:
+            private = Path(str(key)[:-4]) if str(key).endswith(".pub") else key
+            public = public_line(load_private_key(private), comment="remotegpu")
+            key = private
+    except (BadKey, OSError) as e:
+        fail(str(e), 2)
+    try:
+        with RemoteClient(server) as c:
+            r = c.join(code, public)
+    except ClientError as e:
+        fail(e)
+    entry = {"server": server, "tenant": r["name"], "key": str(key.absolute()), "cluster_id": r["cluster_id"],
+             "node": r["node"], "uid": r["uid"]}
+    servers = [s for s in _servers() if s["server"] != server] + [entry]
+    _save_servers(servers)
+    if json_out:
+        print_json(r)
+    else:
+        out.print(f"joined {r['cluster_id']} as {r['name']} (uid {r['uid']}); ssh with: ssh -i {key} {r['name']}@HOST -p SSH_PORT",
+                  markup=False)
+
+
+@app.command()
+def servers(json_out: bool = typer.Option(False, "--json")) -> None:
+    """The servers you joined."""
+    rows = _servers()
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("SERVER", "CLUSTER", "TENANT", "UID", box=None)
+    for s in rows:
+        table.add_row(s["server"], s["cluster_id"], s["tenant"], str(s["uid"]))
+    out.print(table)
+
+
+@app.command()
+def whoami(server: Optional[str] = typer.Option(None, "--server"), json_out: bool = typer.Option(False, "--json")) -> None:
+    """Ask a server who you are (checks your key)."""
+    try:
+        with _client(_server(server)) as c:
+            r = c.me()
+    except ClientError as e:
+        fail(e)
+    print_json(r) if json_out else out.print(f"{r['name']} (uid {r['uid']}) on {r['cluster_id']}", markup=False)
+
+
+@app.command()
+def jobs(server: Optional[str] = typer.Option(None, "--server"), json_out: bool = typer.Option(False, "--json")) -> None:
+    """Your jobs on a server's cluster."""
+    try:
+        with _client(_server(server)) as c:
+            rows = c.jobs()
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("ID", "NAME", "STATE", "NODES", "SUBMITTED", "EXIT", "REASON", box=None)
+    for j in rows:
+        table.add_row(str(j["id"]), j["name"], j["state"], ",".join(j["nodes"]) or "-", when(j["submitted_at"]),
+                      "-" if j["exit_code"] is None else str(j["exit_code"]), j["reason"] or "")
+    out.print(table)
+
+
+@app.command()
+def submit(
+    job_file: Path,
+    server: Optional[str] = typer.Option(None, "--server"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Submit a job file to a server's cluster (runs as your account there)."""
+    try:
+        script = sys.stdin.read() if str(job_file) == "-" else job_file.read_text()
+    except OSError as e:
+        fail(f"cannot read {job_file}: {e.strerror}", 2)
+    try:
+        with _client(_server(server)) as c:
+            r = c.submit(script)
+    except ClientError as e:
+        fail(e)
+    print_json(r) if json_out else out.print(f"submitted job {r['job_id']}")
+
+
+@app.command()
+def cancel(job_id: int, server: Optional[str] = typer.Option(None, "--server")) -> None:
+    """Cancel one of your jobs."""
+    try:
+        with _client(_server(server)) as c:
+            c.cancel(job_id)
+    except ClientError as e:
+        fail(e)
+    out.print(f"cancelled {job_id}")
+
+
+@app.command()
+def logs(job_id: int, server: Optional[str] = typer.Option(None, "--server")) -> None:
+    """Print one of your jobs' output."""
+    try:
+        with _client(_server(server)) as c:
+            sys.stdout.write(c.log(job_id)["data"])
+    except ClientError as e:
+        fail(e)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

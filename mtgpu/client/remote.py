@@ -1,0 +1,78 @@
+"""Typed client for a node's network API, for tenants off the node: requests are
+signed with the tenant's ed25519 key (client.signing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .local import ClientError
+from .signing import load_private_key, sign_headers
+
+
+class RemoteClient:
+    def __init__(self, server: str, tenant: str | None = None, key_path: Path | None = None,
+                 timeout_s: float = 30.0) -> None:
+        self.server = server
+        self.tenant = tenant
+        self._key = load_private_key(key_path) if key_path is not None else None
+        self._http = httpx.Client(base_url=f"http://{server}", timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "RemoteClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, payload: dict | None = None, signed: bool = True,
+              params: dict | None = None) -> Any:
+        if params:
+            path = path + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+        body = json.dumps(payload).encode() if payload is not None else b""
+        headers = {"content-type": "application/json"}
+        if signed:
+            if self._key is None or not self.tenant:
+                raise ClientError("this call needs your key: join first (remotegpu-cli join CODE --server HOST:PORT)")
+            headers.update(sign_headers(self._key, self.tenant, method, path, body))
+        try:
+            r = self._http.request(method, path, content=body, headers=headers)
+        except httpx.HTTPError as e:
+            raise ClientError(f"cannot reach {self.server}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                data = r.json()
+            except ValueError:
+                data = {"error": r.text}
+            msg = data.get("error") or data.get("detail") or r.text
+            raise ClientError(str(msg), status=r.status_code, refused=bool(data.get("refused")))
+        return r.json()
+
+    def info(self) -> dict:
+        return self._call("GET", "/v1/info", signed=False)
+
+    def join(self, code: str, public_key: str) -> dict:
+        return self._call("POST", "/v1/join", {"code": code, "key": public_key}, signed=False)
+
+    def me(self) -> dict:
+        return self._call("GET", "/v1/me")
+
+    def submit(self, script: str, overrides: dict[str, str] | None = None) -> dict:
+        return self._call("POST", "/v1/jobs", {"script": script, "overrides": overrides or {}})
+
+    def jobs(self) -> list[dict]:
+        return self._call("GET", "/v1/jobs")
+
+    def job(self, job_id: int) -> dict:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: int) -> dict:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def log(self, job_id: int, offset: int = 0) -> dict:
+        return self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset})

@@ -1,0 +1,119 @@
+"""Tenants as the API sees them: invitations, first access, keys, clusters, and the
+identification of signed requests from off the node."""
+
+from __future__ import annotations
+
+import hashlib
+import pwd
+import secrets
+
+from ..client.signing import HEADER_TENANT, BadKey, SignatureVerifier, parse_public_key
+from ..model.tenant import validate_tenant_name
+from ..state import commands as C
+from .identity import Caller
+from .service import NodeService, ServiceError
+
+INVITE_TTL_S = 7 * 86400.0
+SEEN_EVERY_S = 3600.0
+
+
+def code_hash(code: str) -> str:
+    return hashlib.sha256(b"mtgpu-invite-v1\0" + code.strip().encode()).hexdigest()
+
+
+class TenantService:
+    def __init__(self, service: NodeService) -> None:
+        self.service = service
+        self.store = service.store
+        self.config = service.config
+        self.verifier = SignatureVerifier()
+
+    @property
+    def cluster_id(self) -> str:
+        """The id tenants are authorized for: CLUSTER_ID, or the node's name when standalone without one."""
+        return self.config.CLUSTER_ID or self.config.NODE_NAME
+
+    # ------------------------------------------------------------ admin
+    def invite(self, caller: Caller, name: str, clusters: list[str], ttl_s: float = INVITE_TTL_S) -> dict:
+        self._admin(caller, "inviting a tenant")
+        why = validate_tenant_name(name)
+        if why:
+            raise ServiceError(422, why, refused=True)
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            pw = None
+        if pw is not None:
+            raise ServiceError(409, f"tenant {name!r}: this machine already has an OS account {name!r} (uid "
+                                    f"{pw.pw_uid}); existing accounts are never changed, so choose another name",
+                               refused=True)
+        code = secrets.token_hex(16)  # 128 bits; never starts with "-" (a CLI would read an option)
+        now = self.service.clock()
+        clusters = clusters or [self.cluster_id]
+        r = self.service.apply(C.TENANT_INVITE, name=name, code_hash=code_hash(code), clusters=clusters,
+                               expires_at=now + ttl_s, at=now)
+        if not r["ok"]:
+            raise ServiceError(409, r["error"], refused=True)
+        return {"code": code, "name": name, "clusters": clusters, "expires_at": now + ttl_s}
+
+    def tenants(self, caller: Caller) -> list[dict]:
+        self._admin(caller, "listing tenants")
+        with self.store.lock:
+            out = [t.to_dict() for t in self.store.machine.tenants.values()]
+        return sorted(out, key=lambda t: t["name"])
+
+    def remove(self, caller: Caller, name: str) -> dict:
+        self._admin(caller, "removing a tenant")
+        r = self.service.apply(C.TENANT_REMOVE, name=name, at=self.service.clock())
+        if not r["ok"]:
+            raise ServiceError(409, r["error"])
+        self.service.wake()
+        return {"removed": name}
+
+    def assign(self, caller: Caller, name: str, clusters: list[str]) -> dict:
+        self._admin(caller, "assigning a tenant to clusters")
+        r = self.service.apply(C.TENANT_ASSIGN, name=name, clusters=clusters, at=self.service.clock())
+        if not r["ok"]:
+            raise ServiceError(404, r["error"])
+        return {"name": name, "clusters": clusters}
+
+    @staticmethod
+    def _admin(caller: Caller, what: str) -> None:
+        if not caller.is_admin:
+            raise ServiceError(403, f"{what} needs root or the admin group")
+
+    # ------------------------------------------------------------ first access
+    def join(self, code: str, key: str) -> dict:
+        """Redeem an invite code with a public key: the code is the only credential."""
+        try:
+            parse_public_key(key)
+        except BadKey as e:
+            raise ServiceError(422, str(e), refused=True) from None
+        lo, hi = self.config.TENANT_UID_RANGE
+        r = self.service.apply(C.TENANT_JOIN, code_hash=code_hash(code), key=key.strip(), uid_range=[lo, hi],
+                               at=self.service.clock())
+        if not r["ok"]:
+            raise ServiceError(403, f"join refused: {r['error']}", refused=True)
+        self.service.wake()  # the agents create the account
+        return {"name": r["name"], "uid": r["uid"], "gid": r["gid"], "clusters": r["clusters"],
+                "cluster_id": self.cluster_id, "node": self.config.NODE_NAME}
+
+    # ------------------------------------------------------------ signed requests
+    def identify(self, method: str, path: str, body: bytes, headers) -> Caller:
+        """The tenant a signed network request comes from, or ServiceError(401/403)."""
+        name = headers.get(HEADER_TENANT)
+        tenant = self.store.machine.tenants.get(name) if name else None
+        if tenant is None or not tenant.keys:
+            raise ServiceError(401, "refused: unknown tenant or no registered key (join with an invite code first)")
+        why = self.verifier.verify(method, path, body, headers, tenant.keys)
+        if why:
+            raise ServiceError(401, f"refused: {why}")
+        if self.cluster_id not in tenant.clusters:
+            raise ServiceError(403, f"refused: tenant {name!r} is not authorized for cluster {self.cluster_id!r}")
+        now = self.service.clock()
+        if now - tenant.last_seen_at > SEEN_EVERY_S:
+            try:
+                self.service.apply(C.TENANT_SEEN, name=name, at=now)
+            except ServiceError:
+                pass  # activity is best effort
+        return Caller(uid=tenant.uid, gid=tenant.gid, pid=0, name=tenant.name, is_admin=False)

@@ -1,0 +1,215 @@
+"""Tenants end to end (issue 5): invite, join with a key, an account on first access,
+SSH into a persistent tmux terminal, signed API requests, clusters, quotas."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mtgpu.client.local import ClientError
+from mtgpu.client.remote import RemoteClient
+from mtgpu.client.signing import generate_key_pair
+from tests.support.node import free_port, running_node, wait_for
+from tests.support.users import can_create_users
+
+pytestmark = pytest.mark.integration
+
+if can_create_users():
+    pytest.skip(can_create_users(), allow_module_level=True)
+
+asyncssh = pytest.importorskip("asyncssh")
+UID_RANGE = (310000, 319999)  # apart from other tests' users, so a leftover can never clash
+HAVE_SSHD = shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")
+
+
+def remotegpu(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=True,
+                          env={**os.environ, "REMOTEGPU_HOME": str(home)}, timeout=60)
+
+
+def invite(node, name: str, *extra: str) -> str:
+    r = node.admin("tenant", "invite", name, "--json", *extra)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["code"]
+
+
+def remove_tenant_accounts(*names: str) -> None:
+    from mtgpu.accounts.apply import remove_account
+    from mtgpu.server.accounts_agent import kill_processes_of
+
+    for n in names:
+        try:
+            pw = pwd.getpwnam(n)
+        except KeyError:
+            continue
+        kill_processes_of(pw.pw_uid)  # e.g. the tmux server an SSH login left running, by PID
+        report = remove_account(n, uid_range=UID_RANGE, home=pw.pw_dir)
+        assert not report.problems, report.problems
+
+
+@pytest.fixture()
+def node():
+    ssh_port = free_port()
+    names = [f"t{os.getpid() % 10000}{k}{time.monotonic_ns() % 1000}" for k in "abcd"]
+    with running_node([], parent_dir="/var/lib", CLUSTER_ID="lab-x", SSH_LISTEN=f"127.0.0.1:{ssh_port}",
+                      USER_DISK_LIMIT="1M", TENANT_UID_RANGE=list(UID_RANGE)) as n:
+        n.ssh_port = ssh_port
+        n.names = names
+        n.TENANT_HOME_ROOT = n.base / "homes"
+        try:
+            yield n
+        finally:
+            n.terminate()
+            remove_tenant_accounts(*names)
+
+
+def sshd_up(node) -> None:
+    import socket
+
+    def accepts():
+        with socket.create_connection(("127.0.0.1", node.ssh_port), timeout=1):
+            return True
+
+    wait_for("the tenant sshd to listen", accepts)
+
+
+def join(node, name: str, tmp_path: Path, *extra: str) -> tuple[dict, Path]:
+    code = invite(node, name, *extra)
+    home = tmp_path / f"client-{name}"
+    r = remotegpu(home, "join", code, "--server", f"127.0.0.1:{node.port}", "--json")
+    assert r.returncode == 0, r.stderr + node.server_log()
+    return json.loads(r.stdout), home
+
+
+def test_invite_join_gives_an_account_and_keys_work_for_the_api(node, tmp_path):
+    a, b = node.names[:2]
+    info_a, home_a = join(node, a, tmp_path)
+    info_b, _ = join(node, b, tmp_path)
+    assert info_a["uid"] != info_b["uid"] and info_a["gid"] != info_b["gid"]
+    pw = wait_for(f"the account {a} and its home", lambda: os.path.isdir(pwd.getpwnam(a).pw_dir) and pwd.getpwnam(a))
+    assert (pw.pw_uid, pw.pw_gid) == (info_a["uid"], info_a["gid"])
+    st = os.stat(pw.pw_dir)
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == pw.pw_uid
+    r = remotegpu(home_a, "whoami", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["name"] == a, r.stderr
+    # A job submitted over the signed API runs as the tenant's own account.
+    job_file = tmp_path / "job.sh"
+    job_file.write_text("#!/bin/bash\nid -un\n")
+    r = remotegpu(home_a, "submit", str(job_file), "--json")
+    assert r.returncode == 0, r.stderr
+    jid = json.loads(r.stdout)["job_id"]
+    assert node.wait_state(jid, {"completed", "failed"})["state"] == "completed"
+    assert remotegpu(home_a, "logs", str(jid)).stdout.strip() == a
+
+
+def test_reused_or_guessed_codes_and_unsigned_or_wrongly_signed_requests_are_refused(node, tmp_path):
+    name = node.names[2]
+    code = invite(node, name)
+    first = remotegpu(tmp_path / "one", "join", code, "--server", f"127.0.0.1:{node.port}")
+    assert first.returncode == 0, first.stderr
+    again = remotegpu(tmp_path / "two", "join", code, "--server", f"127.0.0.1:{node.port}")
+    assert again.returncode != 0 and "used already" in again.stderr
+    guess = remotegpu(tmp_path / "three", "join", "x" * 24, "--server", f"127.0.0.1:{node.port}")
+    assert guess.returncode != 0 and "unknown invite code" in guess.stderr
+    import httpx
+
+    base = f"http://127.0.0.1:{node.port}"
+    assert httpx.get(f"{base}/v1/jobs", headers={"x-mtgpu-tenant": name}).status_code == 401
+    assert httpx.post(f"{base}/v1/jobs", json={"script": "#!/bin/bash\ntrue\n"}).status_code == 401
+    generate_key_pair(tmp_path / "other_key")
+    with RemoteClient(f"127.0.0.1:{node.port}", name, tmp_path / "other_key") as wrong:
+        with pytest.raises(ClientError) as e:
+            wrong.jobs()
+        assert e.value.status == 401 and "wrong signature" in str(e.value)
+
+
+def test_a_tenant_authorized_only_for_another_cluster_cannot_see_or_submit_here(node, tmp_path):
+    name = node.names[3]
+    _, home = join(node, name, tmp_path, "--cluster", "lab-y")
+    r = remotegpu(home, "jobs")
+    assert r.returncode != 0 and "not authorized for cluster 'lab-x'" in r.stderr
+    job = tmp_path / "j.sh"
+    job.write_text("#!/bin/bash\ntrue\n")
+    assert remotegpu(home, "submit", str(job)).returncode != 0
+    # The admin assigns it to this cluster: now it may.
+    assert node.admin("tenant", "assign", name, "--cluster", "lab-x").returncode == 0
+    assert remotegpu(home, "jobs").returncode == 0
+
+
+def test_over_the_disk_limit_a_submission_is_refused_with_the_figures(node, tmp_path):
+    name = node.names[0]
+    info, home = join(node, name, tmp_path)
+    pw = wait_for("the account and its home", lambda: os.path.isdir(pwd.getpwnam(name).pw_dir) and pwd.getpwnam(name))
+    big = Path(pw.pw_dir) / "big.bin"
+    big.write_bytes(os.urandom(2 * 1024 * 1024))
+    os.chown(big, pw.pw_uid, pw.pw_gid)
+    job = tmp_path / "j.sh"
+    job.write_text("#!/bin/bash\ntrue\n")
+    r = remotegpu(home, "submit", str(job))
+    assert r.returncode == 2 and "quota" in r.stderr and "USER_DISK_LIMIT" in r.stderr, r.stderr
+    big.unlink()
+
+
+@pytest.mark.skipif(not HAVE_SSHD, reason="openssh-server is not installed")
+def test_ssh_lands_in_tmux_and_a_reconnect_shows_what_was_printed_meanwhile(node, tmp_path):
+    import asyncio
+
+    name = node.names[1]
+    _, home = join(node, name, tmp_path)
+    key = str(home / "id_ed25519")
+    wait_for("the account", lambda: pwd.getpwnam(name))
+    sshd_up(node)
+
+    async def session():
+        conn = await asyncssh.connect("127.0.0.1", node.ssh_port, username=name, client_keys=[key], known_hosts=None)
+        proc = await conn.create_process(term_type="xterm", term_size=(120, 40))
+        proc.stdin.write("echo in-tmux=$TMUX; for i in 1 2 3 4 5; do echo tick-$i; sleep 0.4; done\n")
+        await asyncio.wait_for(proc.stdout.readuntil("in-tmux=/"), 15)
+        conn.abort()  # the connection drops mid-output
+        await asyncio.sleep(3)
+        conn = await asyncssh.connect("127.0.0.1", node.ssh_port, username=name, client_keys=[key], known_hosts=None)
+        proc = await conn.create_process(term_type="xterm", term_size=(120, 40))
+        seen = await asyncio.wait_for(proc.stdout.readuntil("tick-5"), 15)
+        # A plain command runs directly, not in tmux, and mt-job knows who we are.
+        r = await conn.run("echo tmux=[$TMUX]; mt-job list --json", check=False)
+        conn.close()
+        return seen, r
+
+    seen, r = asyncio.run(asyncio.wait_for(session(), 60))
+    assert "tick-5" in seen
+    assert "tmux=[]" in r.stdout
+    if shutil.which("mt-job", path="/usr/local/bin:/usr/bin:/bin"):
+        assert r.exit_status == 0 and isinstance(json.loads(r.stdout.split("\n", 1)[1]), list), r.stderr
+
+
+@pytest.mark.skipif(not HAVE_SSHD, reason="openssh-server is not installed")
+def test_password_and_root_logins_are_refused(node, tmp_path):
+    import asyncio
+
+    name = node.names[2]
+    _, home = join(node, name, tmp_path)
+    wait_for("the account", lambda: pwd.getpwnam(name))
+    sshd_up(node)
+
+    async def attempts():
+        results = []
+        for kw in ({"username": name, "password": "anything"},
+                   {"username": "root", "client_keys": [str(home / "id_ed25519")]}):
+            try:
+                c = await asyncssh.connect("127.0.0.1", node.ssh_port, known_hosts=None, **kw)
+                c.close()
+                results.append("accepted")
+            except (asyncssh.PermissionDenied, asyncssh.DisconnectError):
+                results.append("refused")
+        return results
+
+    assert asyncio.run(attempts()) == ["refused", "refused"]
