@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
-PACKAGES=(python3 python3-venv python3-dev gcc passwd util-linux procps)
+PACKAGES=(python3 python3-venv python3-dev gcc passwd util-linux procps openssh-server openssh-client tmux iproute2)
 EXTRA=""
 if [ "${1:-}" = "--test" ]; then
   EXTRA="[test]"
@@ -23,7 +23,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing distribution packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # Installing openssh-server must not start the machine's own sshd: mtgpu runs its own
+  # tenant sshd on SSH_LISTEN and leaves the admin's alone.
+  own_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && own_policy=1
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if [ $own_policy = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   mkdir -p "$(dirname "$VENV")"
@@ -32,7 +39,7 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q ".$EXTRA"
 chmod -R a+rX "$(dirname "$VENV")"
-for cmd in mtgpu-server mtgpu-admin mt-job mtgpu-setup; do
+for cmd in mtgpu-server mtgpu-admin mt-job mtgpu-setup mt-python remotegpu-cli; do
   ln -sf "$VENV/bin/$cmd" "/usr/local/bin/$cmd"
 done
 echo "mtgpu installed in $VENV (commands linked into /usr/local/bin)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -151,6 +153,42 @@ def tenant_assign(name: str, cluster: list[str] = typer.Option(..., "--cluster",
     except ClientError as e:
         fail(e)
     out.print(f"tenant {name}: clusters {', '.join(cluster)}")
+
+
+def _as_of(text: str | None) -> float | None:
+    """Unix seconds, an ISO date/time, or +N days from now."""
+    if text is None:
+        return None
+    if text.startswith("+") and text.endswith("d"):
+        return time.time() + float(text[1:-1]) * 86400.0
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        fail(f"--as-of {text!r}: give Unix seconds, an ISO date (2027-01-31T12:00) or +N d (e.g. +31d)", 2)
+
+
+@app.command()
+def retention(
+    dry_run: bool = typer.Option(False, "--dry-run", help="only list what would go"),
+    as_of: Optional[str] = typer.Option(None, "--as-of", help="evaluate at this time (Unix seconds, ISO date, +Nd)"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Apply JOB_RETENTION_DAYS and TENANT_RETENTION_DAYS now (the scheduler also does hourly)."""
+    try:
+        with LocalClient() as c:
+            r = c.retention(dry_run=dry_run, as_of=_as_of(as_of))
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(r)
+    else:
+        out.print(r["text"], markup=False)
+        for p in r["problems"]:
+            out.print(f"problem: {p}", markup=False)
 
 
 @app.command()

@@ -30,6 +30,8 @@ from .jobenv import job_env
 
 log = logging.getLogger(__name__)
 
+LOG_SWEEP_EVERY_S = 60.0
+
 
 @dataclass(slots=True)
 class _Report:
@@ -51,6 +53,8 @@ class AgentLoop:
         self.advertise_host = advertise_host
         self.lease = lease
         self._unsent: dict[int, _Report] = {}
+        self._next_log_sweep = 0.0
+        self._jobs_known = 0
         self._node_vendors: set[str] = set()
 
     # ------------------------------------------------------------ start-up
@@ -111,9 +115,30 @@ class AgentLoop:
         self._send_reports()
         # Start what should run here.
         for job_id, (job, rank) in wanted.items():
-            if job_id in active or started_attempts.get(job_id) == job.attempt:
+            if job_id in active or started_attempts.get(job_id) == job.attempt or str(rank) in job.rank_exits:
                 continue
             self._start(job, rank)
+        jobs_known = len(self.store.machine.jobs)
+        if now >= self._next_log_sweep or jobs_known < self._jobs_known:  # jobs were forgotten
+            self._next_log_sweep = now + LOG_SWEEP_EVERY_S
+            self.sweep_logs()
+        self._jobs_known = jobs_known
+
+    def sweep_logs(self) -> int:
+        """Delete the log files of jobs the state forgot (JOB_RETENTION_DAYS); returns how many."""
+        machine = self.store.machine
+        removed = 0
+        for path in (self.state_dir / "logs").glob("*/*.log"):
+            stem = path.name.split(".", 1)[0]
+            if stem.isdigit() and int(stem) < machine.next_job_id and int(stem) not in machine.jobs:
+                try:
+                    path.unlink()
+                    removed += 1
+                except OSError as e:
+                    log.warning("could not delete the log %s: %s", path, e)
+        if removed:
+            log.info("deleted the logs of %d forgotten jobs", removed)
+        return removed
 
     # ------------------------------------------------------------ helpers
     def _my_rank(self, job: Job) -> int | None:

@@ -45,6 +45,11 @@ class InviteRequest(BaseModel):
     ttl_s: float = Field(default=7 * 86400.0, gt=0, le=90 * 86400.0, description="how long the code is valid")
 
 
+class RetentionRequest(BaseModel):
+    dry_run: bool = True
+    as_of: float | None = Field(default=None, description="evaluate at this time (Unix seconds); default now")
+
+
 class AssignRequest(BaseModel):
     clusters: list[str]
 
@@ -94,6 +99,10 @@ def local_app(service: NodeService, tenants: TenantService) -> FastAPI:
     @app.post("/v1/nodes/{name}/remove")
     def remove(name: str, request: Request) -> dict:
         return service.remove_node(caller(request), name)
+
+    @app.post("/v1/retention")
+    def retention(body: RetentionRequest, request: Request) -> dict:
+        return service.retention(caller(request), body.dry_run, body.as_of)
 
     @app.post("/v1/tenants")
     def invite(body: InviteRequest, request: Request) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..agent.local import LocalAgent
 from ..config import Config
 from ..state import commands as C
+from ..storage.shared import interpreter_publish_root, publish_read_only
 from .accounts_agent import AccountsAgent
 from .agent_loop import AgentLoop
 from .scheduler_role import SchedulerRole
@@ -51,7 +52,8 @@ class Node:
         self.store = store
         self.cluster = cluster
         self.clock = clock
-        self.scheduler = SchedulerRole(store, self.node_name, clock, down_after_s=down_after_s)
+        self.scheduler = SchedulerRole(store, self.node_name, clock, down_after_s=down_after_s,
+                                       job_retention_s=config.job_retention_s, tenant_retention_s=config.tenant_retention_s)
         self.lease = Lease(self.state_dir / "agent" / "lease", down_after_s / 2) if cluster else None
         host = config.listen_host_port()[0]
         self.agent_loop = AgentLoop(store, agent, self.node_name, str(config.TENANT_HOME_ROOT), self.state_dir,
@@ -66,6 +68,7 @@ class Node:
 
     # ------------------------------------------------------------ life cycle
     def start(self) -> None:
+        self.publish_shared_data()
         self.refresh_telemetry(force=True)
         self.agent_loop.recover()
         self._thread = threading.Thread(target=self._loop, name="mtgpu-loop", daemon=True)
@@ -84,6 +87,17 @@ class Node:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def publish_shared_data(self) -> list[str]:
+        """DATASETS_DIRECTORIES and PYTHON_INTERPRETERS: readable by every tenant, writable by none."""
+        paths = [Path(p) for p in self.config.DATASETS_DIRECTORIES]
+        paths += [interpreter_publish_root(Path(i.path)) for i in self.config.PYTHON_INTERPRETERS]
+        if not paths:
+            return []
+        lines = publish_read_only(paths)
+        for line in lines:
+            (log.info if line.startswith("fixed: ") else log.warning)("shared data: %s", line)
+        return lines
 
     def is_scheduler(self) -> bool:
         return self.store.is_leader()

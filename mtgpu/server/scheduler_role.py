@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..model.job import JobState
 from ..sched import schedule
 from ..state import commands as C
+from .retention import RETENTION_EVERY_S, apply_retention, retention_report
 from .view import NodeTelemetry, build_queue, build_snapshot, build_usage
 
 log = logging.getLogger(__name__)
@@ -43,12 +44,26 @@ class SchedulerRole:
         self.epoch = None
         self.pending_reasons = {}
 
+    job_retention_s: float = 30 * 86400.0
+    tenant_retention_s: float = 180 * 86400.0
+    _next_retention_at: float = 0.0
+
     def run_once(self, now: float, term: int) -> None:
         if self.epoch != term:
             if not self._elect(term, now):
                 return
+            self._next_retention_at = now + 60.0  # settle first; then hourly
         self._check_members(now)
         self._place(now)
+        if now >= self._next_retention_at:
+            self._next_retention_at = now + RETENTION_EVERY_S
+            with self.store.lock:
+                report = retention_report(self.store.machine, now, self.job_retention_s, self.tenant_retention_s,
+                                          dry_run=False)
+            try:
+                apply_retention(self.store, report)
+            except Exception as e:  # replication: next hour again
+                log.warning("retention pass failed: %s", e)
 
     # ------------------------------------------------------------ epoch
     def _elect(self, term: int, now: float) -> bool:

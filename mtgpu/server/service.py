@@ -18,6 +18,7 @@ from ..state import commands as C
 from ..storage.quota import check_submission, detect_quota_backend, quota_warning
 from .batching import SubmitBatcher
 from .identity import Caller
+from .retention import apply_retention, retention_report
 from .node import Node
 from .view import build_snapshot
 
@@ -63,6 +64,7 @@ class NodeService:
     async def submit(self, caller: Caller, script: str, overrides: dict[str, str], workdir: str | None) -> dict:
         """Runs on the event loop: parsing and checks are quick, and the commit is
         awaited (group-committed with concurrent submissions), not waited for in a thread."""
+        self._authorized(caller)
         try:
             spec = parse_job_file(script, overrides)
         except JobFileError as e:
@@ -108,6 +110,16 @@ class NodeService:
             raise ServiceError(422, f"refused: {refusal}", refused=True)
         return quota_warning(caller.name, reading.used_bytes, limit, home)
 
+    @property
+    def cluster_id(self) -> str:
+        return self.config.CLUSTER_ID or self.config.NODE_NAME
+
+    def _authorized(self, caller: Caller) -> None:
+        """An invited tenant uses only the clusters it is authorized for, also from a shell on a node."""
+        t = self.store.machine.tenants.get(caller.name)
+        if t is not None and t.managed and t.uid == caller.uid and self.cluster_id not in t.clusters:
+            raise ServiceError(403, f"refused: tenant {caller.name!r} is not authorized for cluster {self.cluster_id!r}")
+
     def _visible_job(self, caller: Caller, job_id: int) -> Job:
         job = self.store.machine.jobs.get(job_id)
         if job is None or not (caller.is_admin or job.uid == caller.uid):
@@ -133,6 +145,7 @@ class NodeService:
         return d
 
     def list_jobs(self, caller: Caller, all_tenants: bool = False, include_final: bool = True) -> list[dict]:
+        self._authorized(caller)
         with self.store.lock:
             jobs = list(self.store.machine.jobs.values())
         if not (all_tenants and caller.is_admin):
@@ -237,6 +250,18 @@ class NodeService:
             raise ServiceError(404, r["error"])
         self.wake()
         return {"node": name, "drained": drain}
+
+    def retention(self, caller: Caller, dry_run: bool, as_of: float | None) -> dict:
+        """Run (or only list) what JOB_RETENTION_DAYS and TENANT_RETENTION_DAYS remove at `as_of` (default: now)."""
+        if not caller.is_admin:
+            raise ServiceError(403, "retention needs root or the admin group")
+        now = as_of if as_of is not None else self.clock()
+        with self.store.lock:
+            report = retention_report(self.store.machine, now, self.config.job_retention_s,
+                                      self.config.tenant_retention_s, dry_run)
+        problems = [] if dry_run else apply_retention(self.store, report)
+        self.wake()
+        return {**report.to_json(), "text": report.render(), "problems": problems}
 
     def remove_node(self, caller: Caller, name: str) -> dict:
         if not caller.is_admin:

@@ -31,7 +31,7 @@ class TenantService:
     @property
     def cluster_id(self) -> str:
         """The id tenants are authorized for: CLUSTER_ID, or the node's name when standalone without one."""
-        return self.config.CLUSTER_ID or self.config.NODE_NAME
+        return self.service.cluster_id
 
     # ------------------------------------------------------------ admin
     def invite(self, caller: Caller, name: str, clusters: list[str], ttl_s: float = INVITE_TTL_S) -> dict:

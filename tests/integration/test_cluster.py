@@ -242,3 +242,51 @@ def test_an_array_spreads_over_members_with_at_most_k_running_and_a_member_can_b
         r = m0.admin("nodes", "remove", victim)
         assert r.returncode == 0, r.stderr
         assert victim not in {n["name"] for n in nodes_json(m0)}
+
+
+def _account_db(root: Path) -> Path:
+    """A separate account database (useradd --prefix ROOT), as a second machine would have."""
+    etc = root / "etc"
+    etc.mkdir(parents=True)
+    for name in ("passwd", "group", "shadow", "gshadow", "subuid", "subgid", "login.defs"):
+        src = Path("/etc") / name
+        if src.exists():
+            (etc / name).write_bytes(src.read_bytes())
+    return root
+
+
+def test_a_tenant_gets_the_same_uid_gid_on_members_with_separate_account_databases(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.support.node import free_port
+
+    roots = [_account_db(tmp_path / f"db{i}") for i in range(2)]
+    settings = [{"ACCOUNTS_ROOT": str(roots[i]), "TENANT_HOME_ROOT": str(tmp_path / f"homes{i}"),
+                 "SSH_LISTEN": f"127.0.0.1:{free_port()}", "TENANT_UID_RANGE": [320000, 329999]} for i in range(2)]
+    with running_cluster(2, settings=settings) as cl:
+        m0 = cl.members[0]
+        infos = []
+        for name in ("tacct1", "tacct2"):
+            r = m0.admin("tenant", "invite", name, "--json")
+            assert r.returncode == 0, r.stderr
+            code = json.loads(r.stdout)["code"]
+            r = subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", "join", code, "--server",
+                                f"127.0.0.1:{m0.port}", "--json"], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "REMOTEGPU_HOME": str(tmp_path / f"client-{name}")})
+            assert r.returncode == 0, r.stderr
+            infos.append(json.loads(r.stdout))
+
+        def entries(root: Path, name: str):
+            for line in (root / "etc" / "passwd").read_text().splitlines():
+                f = line.split(":")
+                if f[0] == name:
+                    return int(f[2]), int(f[3])
+            return None
+
+        for info in infos:
+            for root in roots:
+                got = wait_for(f"{info['name']} in {root}", lambda: entries(root, info["name"]))
+                assert got == (info["uid"], info["gid"])
+        assert infos[0]["uid"] != infos[1]["uid"]
+        assert not any(line.startswith("tacct") for line in Path("/etc/passwd").read_text().splitlines())

@@ -280,3 +280,28 @@ def test_array_job_runs_every_index_and_cancel_by_array_id(node2, alice):
         node2.wait_state(i, "completed")
         outs.add(read_log(node2, alice, i).strip())
     assert outs == {"idx=0", "idx=1", "idx=2", "idx=3"}
+
+
+def test_datasets_are_published_read_only_and_jobs_read_them(alice, tmp_path):
+    import tempfile
+
+    data = Path(tempfile.mkdtemp(prefix="mtgpu-data-", dir="/var/tmp"))
+    try:
+        (data / "train.csv").write_text("a,b\n1,2\n")
+        os.chmod(data / "train.csv", 0o666)  # world-writable before the node publishes it
+        os.chmod(data, 0o777)
+        with running_node(RTX1, start=False, DATASETS_DIRECTORIES=[str(data)]) as node:
+            node.start()
+            assert stat.S_IMODE(os.stat(data / "train.csv").st_mode) & 0o022 == 0
+            assert stat.S_IMODE(os.stat(data).st_mode) & 0o022 == 0
+            script = (f"#!/bin/bash\ncat {data}/train.csv\n"
+                      f"echo x >> {data}/train.csv && echo WROTE || echo write-refused\n"
+                      f"touch {data}/new && echo CREATED || echo create-refused\n")
+            jid = node.submit_json(alice, script=script)["job_id"]
+            node.wait_state(jid, {"completed", "failed"})
+            out = read_log(node, alice, jid)
+            assert "1,2" in out and "write-refused" in out and "create-refused" in out, out
+    finally:
+        import shutil
+
+        shutil.rmtree(data, ignore_errors=True)

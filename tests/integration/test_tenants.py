@@ -213,3 +213,42 @@ def test_password_and_root_logins_are_refused(node, tmp_path):
         return results
 
     assert asyncio.run(attempts()) == ["refused", "refused"]
+
+
+def test_retention_removes_old_jobs_and_idle_tenants_and_only_those(node, tmp_path):
+    idle, busy = node.names[0], node.names[1]
+    join(node, idle, tmp_path)
+    _, home_busy = join(node, busy, tmp_path)
+    wait_for("both accounts", lambda: pwd.getpwnam(idle) and pwd.getpwnam(busy))
+    job = tmp_path / "j.sh"
+    job.write_text("#!/bin/bash\necho old\n")
+    old = json.loads(remotegpu(home_busy, "submit", str(job), "--json").stdout)["job_id"]
+    old_job = node.wait_state(old, "completed")
+    time.sleep(1.1)
+    new = json.loads(remotegpu(home_busy, "submit", str(job), "--json").stdout)["job_id"]
+    node.wait_state(new, "completed")
+    assert Path(old_job["log_path"]).exists()
+    days = 86400.0
+    # At the moment the old job is exactly 30 days old: it goes, the newer one stays.
+    as_of = str(old_job["ended_at"] + 30 * days)
+    r = node.admin("retention", "--dry-run", "--as-of", as_of, "--json")
+    assert r.returncode == 0, r.stderr
+    dry = json.loads(r.stdout)
+    assert [int(j["job_id"]) for j in dry["jobs"]] == [old] and dry["tenants"] == []
+    assert node.job(old)["state"] == "completed"  # a dry run changes nothing
+    r = node.admin("retention", "--as-of", as_of, "--json")
+    assert r.returncode == 0 and not json.loads(r.stdout)["problems"], r.stdout
+    with pytest.raises(ClientError):
+        node.job(old)
+    assert node.job(new)["state"] == "completed"
+    wait_for("the old job's log to be deleted", lambda: not Path(old_job["log_path"]).exists())
+    # 180 days after the idle tenant's last sign of life it goes; the busy one, whose job is newer, stays.
+    tenants = {t["name"]: t for t in json.loads(node.admin("tenant", "list", "--json").stdout)}
+    as_of = str(tenants[idle]["last_seen_at"] + 180 * days)
+    dry = json.loads(node.admin("retention", "--dry-run", "--as-of", as_of, "--json").stdout)
+    assert [t["name"] for t in dry["tenants"]] == [idle], dry
+    node.admin("retention", "--as-of", as_of)
+    wait_for(f"{idle}'s account to be removed", lambda: idle not in {p.pw_name for p in pwd.getpwall()})
+    assert pwd.getpwnam(busy)
+    names = {t["name"] for t in json.loads(node.admin("tenant", "list", "--json").stdout)}
+    assert idle not in names and busy in names

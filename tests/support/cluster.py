@@ -103,7 +103,8 @@ def member_name(node: Node) -> str:
 
 
 @contextlib.contextmanager
-def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after_s: float = 4.0) -> Iterator[Cluster]:
+def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after_s: float = 4.0,
+                    settings: list[dict] | None = None) -> Iterator[Cluster]:
     base = Path(tempfile.mkdtemp(prefix="mtgpu-cl-"))
     os.chmod(base, 0o755)
     secret_path = base / "cluster.secret"
@@ -114,7 +115,8 @@ def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after
     cluster = Cluster(base, secret_path, peers, down_after_s)
     try:
         for i, port in enumerate(ports):
-            cluster.add_member(f"m{i}", gpus[i] if gpus else None, port=port, start=False)
+            cluster.add_member(f"m{i}", gpus[i] if gpus else None, port=port, start=False,
+                               **(settings[i] if settings else {}))
         for m in cluster.members:
             m.start(wait=False)
         for m in cluster.members:
