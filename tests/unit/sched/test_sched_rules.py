@@ -219,3 +219,22 @@ def test_oversubscribe_shares_with_shared_jobs_but_not_exclusive_ones():
     snap = cluster(make_node("a", [make_gpu(0, committed_fraction=1.0, committed_vram="24G", shared_jobs=2)]))
     plan = schedule(snap, [make_job(1, "1", mode="oversubscribe")], now=0)
     assert placed(plan)[1].allocations[0].gpus[0].mode is GpuMode.OVERSUBSCRIBE
+
+
+def test_fragmentation_counts_cpus_that_cannot_feed_the_free_gpus():
+    # Same free GPUs; b's CPUs could feed only one of the 4-CPU jobs its 4 GPUs could take.
+    sched = Scheduler(cluster(make_node("a", 4, cpus=16), make_node("b", 4, cpus=5)),
+                      workload=[(Scheduler(cluster(make_node("x", 1))).requests(make_spec("1", cpus=4))[0], 1.0)])
+    assert sched.value[1] < sched.value[0]
+
+
+def test_nodes_within_one_score_step_are_chosen_by_job_id_not_best_fit():
+    # a has 1 idle GPU of 4, b 4 of 4: both keep every kind usable, so both are in the top step.
+    busy = [make_gpu(i, exclusive=True, committed_fraction=1.0) for i in range(3)]
+    snap = cluster(make_node("a", busy + [make_gpu(3)]), make_node("b", 4))
+    sched = Scheduler(snap, workload=[(Scheduler(snap).requests(make_spec("1"))[0], 1.0)])
+    req = sched.requests(make_spec("1"))[0]
+    score = sched.scores(req).score
+    assert score[0] == score[1] == 0.0  # no fragmentation removed or added, the same step
+    a = [sched.place(make_spec("1"), j) is not None for j in (1,)]
+    assert a == [True]
