@@ -13,7 +13,7 @@ from rich.table import Table
 from ..agent.telemetry.simulated import default_override_path, write_simulated_load
 from ..client.local import ClientError, LocalClient, find_socket
 from ..model.units import UnitError, parse_size
-from .common import fail, out, print_json, size, when
+from .common import fail, out, print_json, print_jobs_table, size, when
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 nodes_app = typer.Typer(add_completion=False, help="The cluster's nodes.", invoke_without_command=True)
@@ -204,11 +204,7 @@ def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.
     if json_out:
         print_json(rows)
         return
-    table = Table("ID", "TENANT", "NAME", "STATE", "NODES", "SUBMITTED", "EXIT", "REASON", box=None)
-    for j in rows:
-        table.add_row(str(j["id"]), j["tenant"], j["name"], j["state"], ",".join(j["nodes"]) or "-",
-                      when(j["submitted_at"]), "-" if j["exit_code"] is None else str(j["exit_code"]), j["reason"] or "")
-    out.print(table)
+    print_jobs_table(rows, tenant=True)
 
 
 @app.command("simulate-load")

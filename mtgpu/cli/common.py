@@ -8,6 +8,7 @@ import sys
 from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.table import Table
 
 from ..client.local import ClientError
 from ..model.units import format_size
@@ -38,3 +39,21 @@ def when(ts: float | None) -> str:
 
 def size(n: int | float | None) -> str:
     return "-" if n is None else format_size(n)
+
+
+def gpu_text(job: dict) -> str:
+    gpus = job.get("gpus") or []
+    if not gpus:
+        return "-"
+    return ",".join(f"{g['node']}:{g['index']}" + ("" if g["fraction"] >= 1 else f"({g['fraction']:.2g})") for g in gpus)
+
+
+def print_jobs_table(jobs: list[dict], tenant: bool = False) -> None:
+    """The table of jobs every CLI prints (`tenant` adds the owner's column, for admins)."""
+    columns = ["ID"] + (["TENANT"] if tenant else []) + ["NAME", "STATE", "NODES", "GPUS", "SUBMITTED", "EXIT", "REASON"]
+    table = Table(*columns, box=None)
+    for j in jobs:
+        table.add_row(str(j["id"]), *([j["tenant"]] if tenant else []), j["name"], j["state"],
+                      ",".join(j["nodes"]) or "-", gpu_text(j), when(j["submitted_at"]),
+                      "-" if j["exit_code"] is None else str(j["exit_code"]), j["reason"] or "")
+    out.print(table)

@@ -12,11 +12,10 @@ import time
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from ..client.local import ClientError, LocalClient
 from ..jobfile import DIRECTIVES
-from .common import err, fail, out, print_json, size, when
+from .common import err, fail, gpu_text, out, print_json, print_jobs_table, size, when
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -48,13 +47,6 @@ def parse_directive_flags(args: list[str]) -> tuple[dict[str, str], list[str]]:
             rest.append(a)
         i += 1
     return overrides, rest
-
-
-def _gpu_text(job: dict) -> str:
-    gpus = job.get("gpus") or []
-    if not gpus:
-        return "-"
-    return ",".join(f"{g['node']}:{g['index']}" + ("" if g["fraction"] >= 1 else f"({g['fraction']:.2g})") for g in gpus)
 
 
 @app.command(
@@ -98,21 +90,26 @@ def submit(
         fail(e)
 
 
+def follow_log(c: LocalClient, job_id: int, follow: bool = True, write: bool = True) -> None:
+    """Print a job's output; with `follow`, keep going until the job has ended and all is read."""
+    offset = 0
+    while True:
+        chunk = c.log(job_id, offset)
+        if chunk["data"] and write:
+            sys.stdout.write(chunk["data"])
+            sys.stdout.flush()
+        offset = chunk["offset"]
+        if not follow or (chunk["final"] and not chunk["data"]):
+            return
+        if not chunk["data"]:
+            time.sleep(0.2)
+
+
 def _wait_and_print(c: LocalClient, job_ids: list[int], json_out: bool) -> int:
     status = 0
     jobs = []
     for jid in job_ids:
-        offset = 0
-        while True:
-            chunk = c.log(jid, offset)
-            if chunk["data"] and not json_out:
-                sys.stdout.write(chunk["data"])
-                sys.stdout.flush()
-            offset = chunk["offset"]
-            if chunk["final"] and not chunk["data"]:
-                break
-            if not chunk["data"]:
-                time.sleep(0.2)
+        follow_log(c, jid, write=not json_out)
         job = c.job(jid)
         jobs.append(job)
         if not json_out:
@@ -139,12 +136,7 @@ def list_jobs(
     if json_out:
         print_json(jobs)
         return
-    table = Table("ID", "NAME", "STATE", "NODES", "GPUS", "SUBMITTED", "EXIT", "REASON", box=None)
-    for j in jobs:
-        table.add_row(str(j["id"]), j["name"], j["state"], ",".join(j["nodes"]) or "-", _gpu_text(j),
-                      when(j["submitted_at"]), "-" if j["exit_code"] is None else str(j["exit_code"]),
-                      j["reason"] or "")
-    out.print(table)
+    print_jobs_table(jobs)
 
 
 @app.command()
@@ -162,7 +154,7 @@ def show(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
     rows = [
         ("id", j["id"]), ("name", j["name"]), ("tenant", j["tenant"]), ("state", j["state"]),
         ("reason", j["reason"] or "-"), ("exit code", j["exit_code"]),
-        ("nodes", ",".join(j["nodes"]) or "-"), ("gpus", _gpu_text(j)),
+        ("nodes", ",".join(j["nodes"]) or "-"), ("gpus", gpu_text(j)),
         ("gpu mode", spec["gpu_mode"]), ("cpus", spec["cpus"] or "-"), ("mem", size(spec["mem_bytes"])),
         ("vram", size(spec["vram_bytes"])), ("submitted", when(j["submitted_at"])),
         ("started", when(j["started_at"])), ("ended", when(j["ended_at"])),
@@ -194,16 +186,7 @@ def logs(job_id: int, follow: bool = typer.Option(False, "-f", "--follow", help=
     """Print a job's output (stdout and stderr)."""
     try:
         with _client() as c:
-            offset = 0
-            while True:
-                chunk = c.log(job_id, offset)
-                sys.stdout.write(chunk["data"])
-                sys.stdout.flush()
-                offset = chunk["offset"]
-                if not follow or (chunk["final"] and not chunk["data"]):
-                    break
-                if not chunk["data"]:
-                    time.sleep(0.25)
+            follow_log(c, job_id, follow=follow)
     except ClientError as e:
         fail(e)
 

@@ -19,7 +19,7 @@ from rich.table import Table
 from ..client.local import ClientError
 from ..client.remote import RemoteClient
 from ..client.signing import BadKey, generate_key_pair, load_private_key, public_line
-from .common import fail, out, print_json, when
+from .common import fail, out, print_json, print_jobs_table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -130,11 +130,7 @@ def jobs(server: Optional[str] = typer.Option(None, "--server"), json_out: bool 
     if json_out:
         print_json(rows)
         return
-    table = Table("ID", "NAME", "STATE", "NODES", "SUBMITTED", "EXIT", "REASON", box=None)
-    for j in rows:
-        table.add_row(str(j["id"]), j["name"], j["state"], ",".join(j["nodes"]) or "-", when(j["submitted_at"]),
-                      "-" if j["exit_code"] is None else str(j["exit_code"]), j["reason"] or "")
-    out.print(table)
+    print_jobs_table(rows)
 
 
 @app.command()

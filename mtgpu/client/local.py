@@ -26,6 +26,18 @@ class ClientError(Exception):
         self.refused = refused
 
 
+def answer(r: httpx.Response) -> Any:
+    """The JSON body of a node's answer, or ClientError with the node's own message."""
+    if r.status_code >= 400:
+        try:
+            body = r.json()
+        except ValueError:
+            body = {"error": r.text}
+        msg = body.get("error") or body.get("detail") or r.text
+        raise ClientError(str(msg), status=r.status_code, refused=bool(body.get("refused")))
+    return r.json()
+
+
 def find_socket(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     if env.get("MTGPU_SOCKET"):
@@ -65,14 +77,7 @@ class LocalClient:
             ) from None
         except httpx.HTTPError as e:
             raise ClientError(f"talking to the node at {self.socket_path} failed: {e}") from None
-        if r.status_code >= 400:
-            try:
-                body = r.json()
-            except ValueError:
-                body = {"error": r.text}
-            msg = body.get("error") or body.get("detail") or r.text
-            raise ClientError(str(msg), status=r.status_code, refused=bool(body.get("refused")))
-        return r.json()
+        return answer(r)
 
     # ---------------------------------------------------------------- calls
     def health(self) -> dict:

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from .local import ClientError
+from .local import ClientError, answer
 from .signing import load_private_key, sign_headers
 
 
@@ -44,14 +44,7 @@ class RemoteClient:
             r = self._http.request(method, path, content=body, headers=headers)
         except httpx.HTTPError as e:
             raise ClientError(f"cannot reach {self.server}: {e}") from None
-        if r.status_code >= 400:
-            try:
-                data = r.json()
-            except ValueError:
-                data = {"error": r.text}
-            msg = data.get("error") or data.get("detail") or r.text
-            raise ClientError(str(msg), status=r.status_code, refused=bool(data.get("refused")))
-        return r.json()
+        return answer(r)
 
     def info(self) -> dict:
         return self._call("GET", "/v1/info", signed=False)
