@@ -10,7 +10,7 @@ at a time with no departures through `mtgpu.sched.Scheduler.place` (the code pat
 capacity allocated when the requests pass 100% and 130% of capacity (mean over
 seeds), placements per second and the p50/p99 time of one placement.
 
-    python bench/replay_openb.py [--nodes NODES.csv] [--pods PODS.csv] [--seeds 42-51] [--json]
+    python bench/replay_openb.py [--nodes NODES.csv] [--pods PODS.csv] [--seeds 42-51] [--json] [--dump FILE]
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def workload(tasks: list[tuple[JobSpec, int]]) -> list[tuple[tuple, float]]:
 
 
 def replay(nodes: list[NodeView], tasks: list[tuple[JobSpec, int]], seed: int,
-           shapes: list) -> tuple[float, float, list[float], float]:
+           shapes: list, dump=None) -> tuple[float, float, list[float], float]:
     capacity = sum(len(n.gpus) for n in nodes) * 1000
     rng = random.Random(seed)
     sample: list[tuple[JobSpec, int]] = []
@@ -105,6 +105,10 @@ def replay(nodes: list[NodeView], tasks: list[tuple[JobSpec, int]], seed: int,
         requested += milli
         if placed is not None:
             allocated += milli
+        if dump is not None:  # outside the timed part: every decision, to compare engines
+            dump.write(f"{seed} {job_id} " + (" ".join(
+                f"{a.node}:" + ",".join(f"{g.index}/{g.fraction:.6g}" for g in a.gpus) for a in placed)
+                if placed is not None else "-") + "\n")
         if alloc_100 is None and requested >= capacity:
             alloc_100 = allocated / capacity
     return (alloc_100 if alloc_100 is not None else allocated / capacity), allocated / capacity, times, setup_s
@@ -124,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pods", type=Path, default=DEFAULT_PODS, help="task list CSV (cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec])")
     ap.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,45")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--dump", type=Path, help="write every decision (seed, task, node:gpu/share) to this file")
     args = ap.parse_args(argv)
+    dump = open(args.dump, "w") if args.dump else None
     nodes = read_nodes(args.nodes)
     tasks = read_tasks(args.pods)
     shapes = workload(tasks)
     a100, a130, times, setups = [], [], [], []
     for seed in parse_seeds(args.seeds):
-        x, y, t, s = replay(nodes, tasks, seed, shapes)
+        x, y, t, s = replay(nodes, tasks, seed, shapes, dump)
         a100.append(x)
         a130.append(y)
         times.extend(t)
@@ -138,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(f"seed {seed}: alloc@100% {100 * x:.2f}%  alloc@130% {100 * y:.2f}%  "
                   f"{len(t) / sum(t):.0f} placements/s", file=sys.stderr)
+    if dump is not None:
+        dump.close()
     times.sort()
     out = {
         "alloc_100": round(100 * statistics.mean(a100), 2),

@@ -6,7 +6,7 @@ requests from many tenants (exclusive, fractional and VRAM-shared, multi-GPU, ga
 arrays with %K, CPU-only; most with time= limits, some pinned with server=) go
 through `mtgpu.sched.schedule()` once, exactly as the server calls it.
 
-    python bench/scale.py [--nodes 10000] [--tenants 5000] [--jobs 100000] [--seed 1] [--json]
+    python bench/scale.py [--nodes 10000] [--tenants 5000] [--jobs 100000] [--seed 1] [--json] [--dump FILE]
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--dump", type=Path, help="write the plan (placements, pending and rejected reasons) to this file")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     snapshot = ClusterSnapshot(nodes=make_fleet(args.nodes, rng))
@@ -110,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     plan = schedule(snapshot, queue, now=86400.0)
     pass_s = time.perf_counter() - t0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.dump:  # every decision, to check that an engine change keeps them
+        with open(args.dump, "w") as f:
+            for p in plan.placements:
+                f.write(f"P {p.job_id} " + " ".join(
+                    f"{a.node}:" + ",".join(f"{g.index}/{g.fraction:.6g}" for g in a.gpus) for a in p.allocations) + "\n")
+            for jid, r in sorted(plan.pending.items()):
+                f.write(f"W {jid} {r}\n")
+            for jid, r in sorted(plan.rejected.items()):
+                f.write(f"R {jid} {r}\n")
     out = {
         "placements_per_s": round(len(plan.placements) / pass_s, 1),
         "pass_s": round(pass_s, 3),
