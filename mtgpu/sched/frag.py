@@ -113,6 +113,8 @@ class FragModel:
         self.t_need = self.g_n[self.t_grp] * self.g_d[self.t_grp] if t_grp else np.zeros(0)
         self.t_need = np.maximum(self.t_need, EPS)
         self.t_cpu_pos = np.maximum(self.t_cpu, EPS)
+        self.t_cpu_pow = np.power(self.t_cpu_pos, -CPU_SOFTNESS)
+        self.g_need = np.maximum(self.g_n * self.g_d, EPS) if g_n else np.zeros(0)
         # (types, groups): each kind's popularity in its GPU group's column
         self.p_grp = np.zeros((len(t_p), len(g_n)))
         self.p_grp[np.arange(len(t_p)), self.t_grp] = self.t_p
@@ -142,13 +144,16 @@ class FragModel:
         return self._weights_of(cpu, mem, free)
 
     def _weights_of(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray) -> np.ndarray:
-        cpu_c = cpu[:, None]
-        host = (cpu_c + EPS >= self.t_cpu) & (mem[:, None] >= self.t_mem)
+        cpu_e = cpu + EPS
+        host = (cpu_e[:, None] >= self.t_cpu) & (mem[:, None] >= self.t_mem)
         if CPU_SOFTNESS > 0:
-            jobs = np.maximum(1.0, np.floor(free[:, None] / self.t_need + 1e-9))
-            ratio = (cpu_c + EPS) / (self.t_cpu_pos * jobs)
-            h = np.where(host, np.minimum(1.0, ratio), 0.0)
-            np.power(h, CPU_SOFTNESS, out=h)
+            # min(1, r) ** s == min(1, r ** s), and r ** s factors into per-row, per-kind and
+            # per-group powers: s-th powers of B CPU counts and B x groups job counts, not B x kinds.
+            jobs = np.maximum(1.0, np.floor(free[:, None] / self.g_need + 1e-9))  # (B, groups)
+            jp = np.power(jobs, -CPU_SOFTNESS)[:, self.t_grp]  # (B, kinds)
+            h = np.power(cpu_e, CPU_SOFTNESS)[:, None] * self.t_cpu_pow * jp
+            np.minimum(h, 1.0, out=h)
+            h *= host
             return h @ self.p_grp
         return host.astype(np.float64) @ self.p_grp
 
