@@ -99,6 +99,14 @@ def test_invite_join_gives_an_account_and_keys_work_for_the_api(node, tmp_path):
     assert (pw.pw_uid, pw.pw_gid) == (info_a["uid"], info_a["gid"])
     st = os.stat(pw.pw_dir)
     assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == pw.pw_uid
+    # The second tenant can read neither the first one's home nor its jobs.
+    pw_b = wait_for(f"the account {b} and its home", lambda: os.path.isdir(pwd.getpwnam(b).pw_dir) and pwd.getpwnam(b))
+    secret = Path(pw.pw_dir) / "notes.txt"
+    secret.write_text("private")
+    os.chown(secret, pw.pw_uid, pw.pw_gid)
+    peek = subprocess.run(["cat", str(secret)], user=pw_b.pw_uid, group=pw_b.pw_gid, extra_groups=[],
+                          capture_output=True, text=True)
+    assert peek.returncode != 0 and "private" not in peek.stdout
     r = remotegpu(home_a, "whoami", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["name"] == a, r.stderr
     # A job submitted over the signed API runs as the tenant's own account.
@@ -109,6 +117,10 @@ def test_invite_join_gives_an_account_and_keys_work_for_the_api(node, tmp_path):
     jid = json.loads(r.stdout)["job_id"]
     assert node.wait_state(jid, {"completed", "failed"})["state"] == "completed"
     assert remotegpu(home_a, "logs", str(jid)).stdout.strip() == a
+    home_b = tmp_path / f"client-{b}"
+    assert jid not in [j["id"] for j in json.loads(remotegpu(home_b, "jobs", "--json").stdout)]
+    assert remotegpu(home_b, "logs", str(jid)).returncode != 0
+    assert remotegpu(home_b, "cancel", str(jid)).returncode != 0
 
 
 def test_reused_or_guessed_codes_and_unsigned_or_wrongly_signed_requests_are_refused(node, tmp_path):
