@@ -32,8 +32,6 @@ TYPICAL_SHARE = 1.0
 # 0 is FGD's all-or-nothing host test; 0.1-0.25 measured best on the openb trace
 # (default at 130%: 95.34 -> 95.83), 1 and above penalize too much.
 CPU_SOFTNESS = 0.15
-WEIGHT_CACHE_ROWS = 64  # calls on at most this many node states use the cache
-WEIGHT_CACHE_MAX = 200_000  # entries before the cache starts over
 
 # When the queue says little about the workload, assume a mix of common requests.
 PRIOR_SHAPES: tuple[tuple[int, float, float], ...] = (  # (GPUs, share of each, weight)
@@ -99,7 +97,6 @@ class FragModel:
             t_mem.append(float(req.mem_bytes))
             t_p.append(w)
         self.empty = not t_grp
-        self._wcache: dict[tuple[float, float, float], np.ndarray] = {}
         total_w = total_w or 1.0
         self.g_n = np.array(g_n, dtype=np.int64)
         self.g_d = np.array(g_d, dtype=np.float64)
@@ -127,23 +124,6 @@ class FragModel:
         could take: (cpus / (its cpus * jobs by GPU share)) ** CPU_SOFTNESS. CPUs eaten by
         CPU-heavy jobs strand GPUs long before the last CPU is gone, and FGD sees that only
         at the cliff."""
-        if len(cpu) <= WEIGHT_CACHE_ROWS:
-            # Few rows (the usual incremental case): node states repeat, look them up.
-            cache = self._wcache
-            keys = list(zip(cpu.tolist(), mem.tolist(), free.tolist()))
-            rows = [cache.get(k) for k in keys]
-            miss = [i for i, r in enumerate(rows) if r is None]
-            if miss:
-                if len(cache) > WEIGHT_CACHE_MAX:
-                    cache.clear()
-                m = np.array(miss)
-                got = self._weights_of(cpu[m], mem[m], free[m])
-                for j, i in enumerate(miss):
-                    rows[i] = cache[keys[i]] = got[j]
-            return np.array(rows) if rows else np.zeros((0, len(self.g_n)))
-        return self._weights_of(cpu, mem, free)
-
-    def _weights_of(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray) -> np.ndarray:
         cpu_e = cpu + EPS
         host = (cpu_e[:, None] >= self.t_cpu) & (mem[:, None] >= self.t_mem)
         if CPU_SOFTNESS > 0:
