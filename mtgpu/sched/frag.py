@@ -115,6 +115,15 @@ class FragModel:
         # (types, groups): each kind's popularity in its GPU group's column
         self.p_grp = np.zeros((len(t_p), len(g_n)))
         self.p_grp[np.arange(len(t_p)), self.t_grp] = self.t_p
+        # The same kinds ordered by group, for per-group sums with np.add.reduceat (every
+        # group has at least one kind): a dense (kinds x groups) product costs B x kinds x groups.
+        o = np.argsort(self.t_grp, kind="stable")
+        self.s_grp = self.t_grp[o]
+        self.s_cpu = self.t_cpu[o]
+        self.s_mem = self.t_mem[o]
+        self.s_p = self.t_p[o]
+        self.s_cpu_pow = self.t_cpu_pow[o]
+        self.s_start = np.flatnonzero(np.r_[True, self.s_grp[1:] != self.s_grp[:-1]]) if t_grp else np.zeros(0, np.int64)
 
     def _weights(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray) -> np.ndarray:
         """(B, groups): the popularity of the kinds of each GPU group the node can host.
@@ -125,17 +134,23 @@ class FragModel:
         CPU-heavy jobs strand GPUs long before the last CPU is gone, and FGD sees that only
         at the cliff."""
         cpu_e = cpu + EPS
-        host = (cpu_e[:, None] >= self.t_cpu) & (mem[:, None] >= self.t_mem)
+        if not len(self.s_start):
+            return np.zeros((len(cpu), len(self.g_n)))
+        host = (cpu_e[:, None] >= self.s_cpu) & (mem[:, None] >= self.s_mem)  # (B, kinds)
         if CPU_SOFTNESS > 0:
             # min(1, r) ** s == min(1, r ** s), and r ** s factors into per-row, per-kind and
             # per-group powers: s-th powers of B CPU counts and B x groups job counts, not B x kinds.
             jobs = np.maximum(1.0, np.floor(free[:, None] / self.g_need + 1e-9))  # (B, groups)
-            jp = np.power(jobs, -CPU_SOFTNESS)[:, self.t_grp]  # (B, kinds)
-            h = np.power(cpu_e, CPU_SOFTNESS)[:, None] * self.t_cpu_pow * jp
+            y = np.power(jobs, -CPU_SOFTNESS)
+            y *= np.power(cpu_e, CPU_SOFTNESS)[:, None]
+            h = y[:, self.s_grp]
+            h *= self.s_cpu_pow
             np.minimum(h, 1.0, out=h)
+            h *= self.s_p
             h *= host
-            return h @ self.p_grp
-        return host.astype(np.float64) @ self.p_grp
+        else:
+            h = host * self.s_p
+        return np.add.reduceat(h, self.s_start, axis=1)
 
     def value(self, left: np.ndarray, gmodel: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
         """V for B node states: left (B, G) shares, gmodel (B, G), cpu (B,), mem (B,)."""
