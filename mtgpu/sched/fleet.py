@@ -51,9 +51,14 @@ class Fleet:
                 self.gmodel[i, j] = kinds[(x.vendor, x.model)]
                 self.gindex[i, j] = x.index
                 self.vram_total[i, j] = x.total
+        # Equal node states get equal ids (exact: the bytes of every array fit and scoring read),
+        # so a request is scored once per distinct state among many changed rows.
+        self._static = [self.gmodel[i].tobytes() + self.vram_total[i].tobytes() for i in range(n)]
+        self._ids: dict[bytes, int] = {}
+        self.state_id = np.zeros(n, dtype=np.int64)
+        for i in range(n):
             self.refresh(i, log=False)
         self.log: list[int] = []  # rows changed, in order
-        self._key_w: np.ndarray | None = None
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
 
     def refresh(self, i: int, log: bool = True, gpus: list[int] | None = None) -> None:
@@ -74,22 +79,21 @@ class Fleet:
         self.cpus_free[i] = s.cpus_free
         self.mem_usable[i] = s.mem_usable
         self.schedulable[i] = s.schedulable
+        key = b"".join((self._static[i], self.left[i].tobytes(), self.idle[i].tobytes(), self.open[i].tobytes(),
+                        self.shared_free[i].tobytes(), self.meas_free[i].tobytes(), self.load[i].tobytes(),
+                        self.cpus_free[i:i + 1].tobytes(), self.mem_usable[i:i + 1].tobytes(),
+                        b"\1" if s.schedulable else b"\0"))
+        ids = self._ids
+        sid = ids.get(key)
+        if sid is None:
+            sid = ids[key] = len(ids)
+        self.state_id[i] = sid
         if log:
             self.log.append(i)
 
     def row_keys(self, rows: np.ndarray) -> np.ndarray:
-        """A hash per row of everything fit and scoring read: equal rows, equal keys."""
-        if self._key_w is None:
-            rng = np.random.default_rng(12345)  # fixed: keys must not vary between runs
-            self._key_w = rng.random(8 * self.width + 3) + 0.5
-        g = self.width
-        w = self._key_w
-        k = (self.left[rows] @ w[:g] + self.gmodel[rows] @ w[g:2 * g] + self.idle[rows] @ w[2 * g:3 * g]
-             + self.open[rows] @ w[3 * g:4 * g] + (self.shared_free[rows] / 2**30) @ w[4 * g:5 * g]
-             + (self.meas_free[rows] / 2**30) @ w[5 * g:6 * g] + (self.vram_total[rows] / 2**30) @ w[6 * g:7 * g]
-             + self.load[rows] @ w[7 * g:8 * g])
-        return (k + self.cpus_free[rows] * w[-3] + (self.mem_usable[rows] / 2**20) * w[-2]
-                + self.schedulable[rows] * w[-1])
+        """An id per row of everything fit and scoring read: equal rows, equal ids."""
+        return self.state_id[rows]
 
     # ---- filters -------------------------------------------------------------
 
