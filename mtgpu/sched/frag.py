@@ -27,6 +27,7 @@ from .fleet import Fleet
 from .request import EPS, RankRequest
 
 TYPICAL_SHARE = 1.0
+HOST_TABLE_MAX = 4_000_000  # entries of the (CPU level, memory level, kind) table of hostable kinds
 # How much a kind of job counts on a node whose free CPUs cannot feed it on every GPU share
 # it could use there: (CPUs free / CPUs it would need there) ** CPU_SOFTNESS (capped at 1).
 # 0 is FGD's all-or-nothing host test; 0.1-0.25 measured best on the openb trace
@@ -124,6 +125,19 @@ class FragModel:
         self.s_p = self.t_p[o]
         self.s_cpu_pow = self.t_cpu_pow[o]
         self.s_start = np.flatnonzero(np.r_[True, self.s_grp[1:] != self.s_grp[:-1]]) if t_grp else np.zeros(0, np.int64)
+        self.s_ap = self.s_cpu_pow * self.s_p
+        # Which kinds a node can host (CPUs and memory for one job) depends only on where its
+        # free CPUs and memory fall among the kinds' distinct CPU and memory levels: a table of
+        # p_m where hostable, else 0, indexed by those two level counts (when it is small).
+        self.lv_cpu = np.unique(self.s_cpu)
+        self.lv_mem = np.unique(self.s_mem)
+        self.host_p: np.ndarray | None = None
+        if (len(self.lv_cpu) + 1) * (len(self.lv_mem) + 1) * len(self.s_p) <= HOST_TABLE_MAX:
+            ci = np.searchsorted(self.lv_cpu, self.s_cpu)  # level of each kind
+            mi = np.searchsorted(self.lv_mem, self.s_mem)
+            ok = ((np.arange(len(self.lv_cpu) + 1)[:, None, None] > ci)
+                  & (np.arange(len(self.lv_mem) + 1)[None, :, None] > mi))
+            self.host_p = np.where(ok, self.s_p, 0.0)
 
     def _weights(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray) -> np.ndarray:
         """(B, groups): the popularity of the kinds of each GPU group the node can host.
@@ -136,20 +150,22 @@ class FragModel:
         cpu_e = cpu + EPS
         if not len(self.s_start):
             return np.zeros((len(cpu), len(self.g_n)))
-        host = (cpu_e[:, None] >= self.s_cpu) & (mem[:, None] >= self.s_mem)  # (B, kinds)
+        if self.host_p is not None:
+            hp = self.host_p[np.searchsorted(self.lv_cpu, cpu_e, side="right"),
+                             np.searchsorted(self.lv_mem, mem, side="right")]  # (B, kinds)
+        else:
+            hp = np.where((cpu_e[:, None] >= self.s_cpu) & (mem[:, None] >= self.s_mem), self.s_p, 0.0)
         if CPU_SOFTNESS > 0:
-            # min(1, r) ** s == min(1, r ** s), and r ** s factors into per-row, per-kind and
-            # per-group powers: s-th powers of B CPU counts and B x groups job counts, not B x kinds.
+            # p * min(1, r) ** s == min(p, p * r ** s), and r ** s factors into per-row, per-kind
+            # and per-group powers: s-th powers of B CPU counts and B x groups job counts.
             jobs = np.maximum(1.0, np.floor(free[:, None] / self.g_need + 1e-9))  # (B, groups)
             y = np.power(jobs, -CPU_SOFTNESS)
             y *= np.power(cpu_e, CPU_SOFTNESS)[:, None]
             h = y[:, self.s_grp]
-            h *= self.s_cpu_pow
-            np.minimum(h, 1.0, out=h)
-            h *= self.s_p
-            h *= host
+            h *= self.s_ap
+            np.minimum(h, hp, out=h)
         else:
-            h = host * self.s_p
+            h = hp
         return np.add.reduceat(h, self.s_start, axis=1)
 
     def value(self, left: np.ndarray, gmodel: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
