@@ -69,13 +69,19 @@ class Scheduler:
         f = self.fleet
         self.frag = FragModel(f, shapes)
         self.value = self.frag.value(f.left, f.gmodel, f.cpus_free, f.mem_usable.astype(np.float64))
+        self._value_of: dict[int, float] = {}  # V of node states (Fleet.state_id) seen after a placement
         self._scores: dict[RankRequest, _Scores] = {}
 
     def _refresh(self, row: int, alloc: NodeAllocation | None = None) -> None:
         f = self.fleet
         f.refresh(row, gpus=None if alloc is None else [s.index for s in alloc.gpus])
-        r = slice(row, row + 1)
-        self.value[row] = self.frag.value(f.left[r], f.gmodel[r], f.cpus_free[r], f.mem_usable[r].astype(np.float64))[0]
+        sid = int(f.state_id[row])
+        v = self._value_of.get(sid)
+        if v is None:
+            r = slice(row, row + 1)
+            v = self._value_of[sid] = self.frag.value(f.left[r], f.gmodel[r], f.cpus_free[r],
+                                                      f.mem_usable[r].astype(np.float64))[0]
+        self.value[row] = v
 
     def scores(self, req: RankRequest) -> _Scores:
         """Per node: how good a home for one rank of `req` now (-inf: does not fit)."""
