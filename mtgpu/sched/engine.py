@@ -38,11 +38,14 @@ _HASH = 0x9E3779B1  # Fibonacci hashing of the job id picks among equally good n
 
 
 class _Scores:
-    __slots__ = ("score", "gpu", "pos")
+    __slots__ = ("score", "gpu", "after", "pos")
 
     def __init__(self, n: int) -> None:
         self.score = np.full(n, NEG)
         self.gpu = np.full(n, -1, dtype=np.int64)
+        # V of the node after this placement, where the scored state is the one placing makes
+        # (NaN where not known: then the placement recomputes it)
+        self.after = np.full(n, np.nan)
         self.pos = 0
 
 
@@ -72,9 +75,13 @@ class Scheduler:
         self._value_of: dict[int, float] = {}  # V of node states (Fleet.state_id) seen after a placement
         self._scores: dict[RankRequest, _Scores] = {}
 
-    def _refresh(self, row: int, alloc: NodeAllocation | None = None) -> None:
+    def _refresh(self, row: int, alloc: NodeAllocation | None = None, after: float = math.nan) -> None:
+        """Copy a node's new state into the arrays, with its V (`after`: as scored, when known)."""
         f = self.fleet
         f.refresh(row, gpus=None if alloc is None else [s.index for s in alloc.gpus])
+        if after == after:  # not NaN
+            self.value[row] = after
+            return
         sid = int(f.state_id[row])
         v = self._value_of.get(sid)
         if v is None:
@@ -107,6 +114,7 @@ class Scheduler:
                 self._compute_rows(req, s, uniq)
                 s.score[rows] = s.score[uniq][inverse]
                 s.gpu[rows] = s.gpu[uniq][inverse]
+                s.after[rows] = s.after[uniq][inverse]
                 return
         self._compute_rows(req, s, rows)
 
@@ -118,6 +126,7 @@ class Scheduler:
             fits &= ok.sum(axis=1) >= req.gpu_count
         s.score[rows] = NEG
         s.gpu[rows] = -1
+        s.after[rows] = np.nan
         if not fits.all():  # score only the nodes it fits on
             rows = rows[fits]
             if not len(rows):
@@ -130,7 +139,8 @@ class Scheduler:
         mem = f.mem_usable[rows].astype(np.float64) - req.mem_bytes
         old = self.value[rows]
         if not req.gpu_count:
-            s.score[rows] = self._step(self.frag.value(left, gmodel, cpu, mem) - old)
+            after = s.after[rows] = self.frag.value(left, gmodel, cpu, mem)
+            s.score[rows] = self._step(after - old)
             return
         if req.mode == GpuMode.OVERSUBSCRIBE:
             load = np.where(ok, f.load[rows], np.inf)
@@ -140,14 +150,22 @@ class Scheduler:
         share = self._share(req, rows)
         if req.gpu_count == 1 and req.mode == GpuMode.SHARED:
             # one candidate state per GPU the share could go to
-            v = np.where(ok, self.frag.value_one_gpu(left, gmodel, share, cpu, mem) + share, NEG)
+            after = self.frag.value_one_gpu(left, gmodel, share, cpu, mem, ok)
+            v = after + share
             best = np.argmax(v, axis=1)
+            at = np.arange(len(rows))
             s.gpu[rows] = best
-            s.score[rows] = self._step(v[np.arange(len(rows)), best] - old)
+            s.after[rows] = after[at, best]  # placing takes exactly that GPU
+            s.score[rows] = self._step(v[at, best] - old)
             return
         take = ok & (np.cumsum(ok, axis=1) <= req.gpu_count)
         taken = take * share
-        s.score[rows] = self._step(self.frag.value(left - taken, gmodel, cpu, mem) - old + taken.sum(axis=1))
+        after = self.frag.value(left - taken, gmodel, cpu, mem)
+        if req.mode == GpuMode.EXCLUSIVE or (req.fraction >= 1.0 and req.vram_bytes is None):
+            # placing takes idle GPUs (share left 1 -> 0), maybe others than these: the same
+            # state where all the node's GPUs are of one kind
+            s.after[rows] = np.where(f.uniform[rows], after, np.nan)
+        s.score[rows] = self._step(after - old + taken.sum(axis=1))
 
     @staticmethod
     def _step(gain: np.ndarray) -> np.ndarray:
@@ -275,7 +293,7 @@ class Scheduler:
                 continue
             st = self.fleet.states[row]
             st.take(alloc)
-            self._refresh(row, alloc)
+            self._refresh(row, alloc, float(self._scores[req].after[row]))
             allocs.append(alloc)
             if len(allocs) < nodes:
                 if cand is self._scores[req].score:

@@ -45,6 +45,8 @@ class Fleet:
         self.mem_usable = np.zeros(n, dtype=np.int64)
         self.schedulable = np.zeros(n, dtype=bool)
         self.cpus_total = np.array([s.cpus_total for s in self.states], dtype=np.float64)
+        # all of the node's GPUs are of one kind (any k idle GPUs leave the same shares by kind)
+        self.uniform = np.array([len({(x.vendor, x.model) for x in s.gpus}) <= 1 for s in self.states], dtype=bool)
         self.mem_total = np.array([s.mem_total for s in self.states], dtype=np.int64)
         for i, s in enumerate(self.states):
             for j, x in enumerate(s.gpus):

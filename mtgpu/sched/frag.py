@@ -17,6 +17,7 @@ nodes) are broken by a hash of the job id, so a decision can be replayed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -178,24 +179,45 @@ class FragModel:
         return np.einsum("bk,bk->b", gu, self._weights(cpu, mem, left.sum(axis=1)))
 
     def value_one_gpu(self, left: np.ndarray, gmodel: np.ndarray, share: np.ndarray,
-                      cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
-        """V after taking `share` (B, G) from one GPU j of each node, for every j: (B, G).
+                      cpu: np.ndarray, mem: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        """V after taking `share` (B, G) from one GPU j of each node, for every candidate j
+        (`cand`, B x G); -inf elsewhere.
 
-        Only GPU j changes, so the sums over GPUs are updated rather than recomputed."""
+        Only GPU j changes, so the sums over GPUs are updated rather than recomputed, and
+        only for the first of the candidate GPUs of a node that are alike (same kind, share
+        left and share taken): the others would give the same value and never be chosen."""
         if self.empty:
-            return np.zeros(left.shape)
+            return np.where(cand, 0.0, -np.inf)
+        out = np.full(left.shape, -np.inf)
+        g = left.shape[1]
+        if g > 1:
+            same = ((left[:, :, None] == left[:, None, :]) & (share[:, :, None] == share[:, None, :])
+                    & (gmodel[:, :, None] == gmodel[:, None, :]) & cand[:, None, :])
+            cand = cand & ~(same & _earlier(g)).any(axis=2)
+        bi, gi = np.nonzero(cand)
+        if not len(bi):
+            return out
         allowed = self.allowed[gmodel]  # (B, G, groups)
         old = allowed & (left[:, :, None] + EPS >= self.g_d)
-        after = left - share
-        new = allowed & (after[:, :, None] + EPS >= self.g_d)
         u_old = np.einsum("bg,bgk->bk", left, old)
         c_old = old.sum(axis=1)
-        u_new = u_old[:, None, :] - left[:, :, None] * old + after[:, :, None] * new
-        c_new = c_old[:, None, :] - old + new
+        lj = left[bi, gi]
+        aj = lj - share[bi, gi]
+        oj = old[bi, gi]
+        nj = allowed[bi, gi] & (aj[:, None] + EPS >= self.g_d)
+        u_new = u_old[bi] - lj[:, None] * oj + aj[:, None] * nj
+        c_new = c_old[bi] - oj + nj
         gu = np.where(c_new >= self.g_n, u_new, 0.0)
         # a one-GPU job takes the same share whichever GPU it goes to (per-GPU only for vram=)
         free = left.sum(axis=1) - share.max(axis=1)
-        return np.einsum("bgk,bk->bg", gu, self._weights(cpu, mem, free))
+        out[bi, gi] = np.einsum("mk,mk->m", gu, self._weights(cpu, mem, free)[bi])
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def _earlier(g: int) -> np.ndarray:
+    """(g, g): [i, j] is True when slot j comes before slot i."""
+    return np.tril(np.ones((g, g), dtype=bool), k=-1)
 
 
 def shapes_from_queue(reqs: Iterable[RankRequest]) -> list[tuple[RankRequest, float]]:
