@@ -227,6 +227,10 @@ class ClusterLink:
         self.node.scheduler.telemetry.pop(name, None)
         return {"removed": name}
 
+    def raft_info(self) -> dict:
+        return {"leader": self.store.leader_address(), "term": self.store.term(), "voter": self.store.is_voter(),
+                "voters": self.store.voters()}
+
     def voter_names(self) -> list[str]:
         by_addr = {advertised(n.address): n.name for n in self.store.machine.nodes.values() if n.address}
         return [by_addr.get(api_address(v), v) for v in self.store.voters()]
@@ -283,20 +287,20 @@ class ClusterLink:
 
     # ------------------------------------------------------------ the scheduler's duties
     def maintain(self) -> None:
-        """On the scheduler: hand the role to the most capable voter when it is not us."""
+        """On the scheduler: hand the role to the most capable healthy voter when that is not us."""
         now = time.monotonic()
         if not self._leader_since:
             self._leader_since = now
         if now - self._leader_since < 3.0 or now - self._last_transfer < 5.0:
             return
         machine = self.store.machine
-        by_addr = {raft_address(n.address): n for n in machine.nodes.values() if n.address}
-        voters = [by_addr[v] for v in self.store.voters() if v in by_addr]
         fresh = {name for name, t in self.node.scheduler.telemetry.items() if self.node.clock() - t.reported_at < 3.0}
-        healthy = [n for n in voters if n.name in fresh and not n.down]
-        if not healthy:
+        healthy = [n for n in machine.nodes.values() if n.address and not n.down and n.name in fresh]
+        by_addr = {raft_address(n.address): n for n in healthy}
+        voters = [by_addr[v] for v in self.store.voters() if v in by_addr]
+        if not voters:
             return
-        best = max(healthy, key=lambda n: (capability(n), n.name))
+        best = max(voters, key=lambda n: (capability(n), n.name))
         me = machine.nodes.get(self.node_name)
         if me is not None and best.name != self.node_name and capability(best) > capability(me):
             log.info("handing the scheduler role to the more capable %s", best.name)

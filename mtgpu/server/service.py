@@ -284,5 +284,6 @@ class NodeService:
             "is_scheduler": self.node.is_scheduler(),
             "placements": self.node.scheduler.placements,
             "last_placement_at": self.node.scheduler.last_placement_at,
+            "raft": self.node.cluster.raft_info() if self.node.cluster else None,
         }
 

@@ -73,9 +73,14 @@ class RaftState:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.lock = threading.RLock()
-        self._consumer = _ReplicatedMachine(self.lock, on_applied)
-        self.self_address = self_address
-        conf = SyncObjConf(
+        self._on_applied = on_applied
+        self._secret = secret
+        self._fast = fast
+        self._open(self_address, voters)
+
+    def _conf(self) -> SyncObjConf:
+        fast, secret = self._fast, self._secret
+        return SyncObjConf(
             password=raft_password(secret),
             journalFile=str(self.directory / "raft.journal"),
             fullDumpFile=str(self.directory / "raft.dump"),
@@ -94,8 +99,12 @@ class RaftState:
             logCompactionMinEntries=20000,
             logCompactionMinTime=600,
         )
+
+    def _open(self, self_address: str | None, voters: list[str]) -> None:
+        self._consumer = _ReplicatedMachine(self.lock, self._on_applied)
+        self.self_address = self_address
         others = [v for v in voters if v != self_address]
-        self._sync = SyncObj(self_address, others, conf=conf, consumers=[self._consumer])
+        self._sync = SyncObj(self_address, others, conf=self._conf(), consumers=[self._consumer])
 
     # ------------------------------------------------------------------ the store API
     @property
@@ -163,7 +172,19 @@ class RaftState:
         self._wait_membership(self._sync.removeNodeFromCluster, address, timeout_s)
 
     def transfer_leadership(self, address: str) -> None:
-        self._sync.transferLeadership(address)
+        """Ask `address` (a caught-up voter) to take over. pysyncobj's transport is not
+        thread-safe, so the request is made from its own tick thread."""
+        sync = self._sync
+
+        def done(_result, error):
+            if error != FAIL_REASON.SUCCESS:
+                log.info("leadership transfer to %s not done now (reason %s); tried again later", address, error)
+
+        def on_tick():
+            sync.removeOnTickCallback(on_tick)
+            sync.transferLeadership(address, callback=done)
+
+        sync.addOnTickCallback(on_tick)
 
     @staticmethod
     def _wait_membership(call, address: str, timeout_s: float) -> None:
