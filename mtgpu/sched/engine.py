@@ -155,7 +155,10 @@ class Scheduler:
             best = np.argmax(v, axis=1)
             at = np.arange(len(rows))
             s.gpu[rows] = best
-            s.after[rows] = after[at, best]  # placing takes exactly that GPU
+            if req.vram_bytes is None:
+                # placing takes exactly that GPU (with vram= the share, and so the CPU weights'
+                # free share, differ between GPUs: value_one_gpu approximates, recompute then)
+                s.after[rows] = after[at, best]
             s.score[rows] = self._step(v[at, best] - old)
             return
         take = ok & (np.cumsum(ok, axis=1) <= req.gpu_count)
