@@ -139,9 +139,14 @@ class FragModel:
             ok = ((np.arange(len(self.lv_cpu) + 1)[:, None, None] > ci)
                   & (np.arange(len(self.lv_mem) + 1)[None, :, None] > mi))
             self.host_p = np.where(ok, self.s_p, 0.0)
+            self._host_p2 = self.host_p.reshape(-1, len(self.s_p))
+        # kinds of a subset of the groups (those some node of a batch can use), by subset
+        self._subsets: dict[bytes, tuple[np.ndarray, ...]] = {}
 
-    def _weights(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray) -> np.ndarray:
-        """(B, groups): the popularity of the kinds of each GPU group the node can host.
+    def _weights(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray,
+                 active: np.ndarray | None = None) -> np.ndarray:
+        """(B, groups): the popularity of the kinds of each GPU group the node can host
+        (only for the `active` groups when given; 0 for the others).
 
         FGD's test is all or nothing (CPUs and memory for one job of the kind). Here a kind
         counts less where the free CPUs could feed fewer of its jobs than the free GPU share
@@ -151,6 +156,12 @@ class FragModel:
         cpu_e = cpu + EPS
         if not len(self.s_start):
             return np.zeros((len(cpu), len(self.g_n)))
+        if active is not None:
+            n_act = int(np.count_nonzero(active))
+            if n_act == 0:
+                return np.zeros((len(cpu), len(self.g_n)))
+            if 4 * n_act < 3 * len(active):
+                return self._weights_of_groups(cpu_e, mem, free, active)
         if self.host_p is not None:
             hp = self.host_p[np.searchsorted(self.lv_cpu, cpu_e, side="right"),
                              np.searchsorted(self.lv_mem, mem, side="right")]  # (B, kinds)
@@ -169,6 +180,38 @@ class FragModel:
             h = hp
         return np.add.reduceat(h, self.s_start, axis=1)
 
+    def _weights_of_groups(self, cpu_e: np.ndarray, mem: np.ndarray, free: np.ndarray,
+                           active: np.ndarray) -> np.ndarray:
+        """`_weights` for the active groups only (the same operations on fewer kinds)."""
+        key = active.tobytes()
+        sub = self._subsets.get(key)
+        if sub is None:
+            gidx = np.flatnonzero(active)
+            tidx = np.flatnonzero(active[self.s_grp])
+            local = np.searchsorted(gidx, self.s_grp[tidx])
+            starts = np.flatnonzero(np.r_[True, local[1:] != local[:-1]])
+            sub = self._subsets[key] = (gidx, tidx, local, starts, self.g_need[gidx], self.s_ap[tidx])
+        gidx, tidx, local, starts, need, ap = sub
+        if self.host_p is not None:
+            ij = (np.searchsorted(self.lv_cpu, cpu_e, side="right") * (len(self.lv_mem) + 1)
+                  + np.searchsorted(self.lv_mem, mem, side="right"))
+            hp = self._host_p2[ij[:, None], tidx]
+        else:
+            hp = np.where((cpu_e[:, None] >= self.s_cpu[tidx]) & (mem[:, None] >= self.s_mem[tidx]),
+                          self.s_p[tidx], 0.0)
+        if CPU_SOFTNESS > 0:
+            jobs = np.maximum(1.0, np.floor(free[:, None] / need + 1e-9))
+            y = np.power(jobs, -CPU_SOFTNESS)
+            y *= np.power(cpu_e, CPU_SOFTNESS)[:, None]
+            h = y[:, local]
+            h *= ap
+            np.minimum(h, hp, out=h)
+        else:
+            h = hp
+        out = np.zeros((len(cpu_e), len(self.g_n)))
+        out[:, gidx] = np.add.reduceat(h, starts, axis=1)
+        return out
+
     def value(self, left: np.ndarray, gmodel: np.ndarray, cpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
         """V for B node states: left (B, G) shares, gmodel (B, G), cpu (B,), mem (B,)."""
         if self.empty:
@@ -176,7 +219,7 @@ class FragModel:
         usable = self.allowed[gmodel] & (left[:, :, None] + EPS >= self.g_d)  # (B, G, groups)
         u = np.einsum("bg,bgk->bk", left, usable)
         gu = np.where(usable.sum(axis=1) >= self.g_n, u, 0.0)
-        return np.einsum("bk,bk->b", gu, self._weights(cpu, mem, left.sum(axis=1)))
+        return np.einsum("bk,bk->b", gu, self._weights(cpu, mem, left.sum(axis=1), gu.any(axis=0)))
 
     def value_one_gpu(self, left: np.ndarray, gmodel: np.ndarray, share: np.ndarray,
                       cpu: np.ndarray, mem: np.ndarray, cand: np.ndarray) -> np.ndarray:
@@ -210,7 +253,7 @@ class FragModel:
         gu = np.where(c_new >= self.g_n, u_new, 0.0)
         # a one-GPU job takes the same share whichever GPU it goes to (per-GPU only for vram=)
         free = left.sum(axis=1) - share.max(axis=1)
-        out[bi, gi] = np.einsum("mk,mk->m", gu, self._weights(cpu, mem, free)[bi])
+        out[bi, gi] = np.einsum("mk,mk->m", gu, self._weights(cpu, mem, free, gu.any(axis=0))[bi])
         return out
 
 
