@@ -108,8 +108,9 @@ class Scheduler:
     def _compute(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
         if len(rows) > DEDUPE_ROWS:
             # Many nodes are in the same state (identical and empty at first): score one of each.
-            _, first, inverse = np.unique(self.fleet.row_keys(rows), return_index=True, return_inverse=True)
-            if len(first) < len(rows) // 2:
+            keys = self.fleet.row_keys(rows)
+            if len(set(keys.tolist())) < len(rows) // 2:
+                _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
                 uniq = rows[first]
                 self._compute_rows(req, s, uniq)
                 s.score[rows] = s.score[uniq][inverse]
@@ -124,10 +125,10 @@ class Scheduler:
         if req.gpu_count:
             ok = f.gpu_ok(req, rows)
             fits &= ok.sum(axis=1) >= req.gpu_count
-        s.score[rows] = NEG
         s.gpu[rows] = -1
         s.after[rows] = np.nan
         if not fits.all():  # score only the nodes it fits on
+            s.score[rows[~fits]] = NEG
             rows = rows[fits]
             if not len(rows):
                 return
