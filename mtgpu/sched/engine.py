@@ -60,6 +60,9 @@ class Scheduler:
         self._never_cache: dict[JobSpec, str | None] = {}
         self._able_cache: dict[JobSpec, np.ndarray] = {}
         self._reqs_cache: dict[JobSpec, list[RankRequest]] = {}
+        # the same by object identity (hashing a JobSpec hashes all its fields); the entry keeps
+        # the spec alive, so its id cannot be reused by another object meanwhile
+        self._reqs_by_id: dict[int, tuple[JobSpec, list[RankRequest]]] = {}
         # (ends_at, allocations) of running jobs with a known end, sorted, for backfill
         self._events: list[tuple[float, int, tuple[NodeAllocation, ...]]] = sorted(
             (r.ends_at, r.job_id, r.allocations) for r in snapshot.running if r.ends_at is not None
@@ -192,9 +195,13 @@ class Scheduler:
     # ---- verdicts ---------------------------------------------------------------
 
     def requests(self, spec: JobSpec) -> list[RankRequest]:
+        e = self._reqs_by_id.get(id(spec))
+        if e is not None and e[0] is spec:
+            return e[1]
         r = self._reqs_cache.get(spec)
         if r is None:
             r = self._reqs_cache[spec] = rank_requests(spec)
+        self._reqs_by_id[id(spec)] = (spec, r)
         return r
 
     def able(self, spec: JobSpec) -> np.ndarray:
