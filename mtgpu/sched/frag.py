@@ -195,7 +195,7 @@ class FragModel:
         if self.host_p is not None:
             ij = (np.searchsorted(self.lv_cpu, cpu_e, side="right") * (len(self.lv_mem) + 1)
                   + np.searchsorted(self.lv_mem, mem, side="right"))
-            hp = self._host_p2[ij[:, None], tidx]
+            hp = self._host_p2[ij][:, tidx]  # rows, then columns: faster than one 2-d gather
         else:
             hp = np.where((cpu_e[:, None] >= self.s_cpu[tidx]) & (mem[:, None] >= self.s_mem[tidx]),
                           self.s_p[tidx], 0.0)
