@@ -104,7 +104,10 @@ class Scheduler:
         elif s.pos < len(log):
             changed = log[s.pos:]
             rows = np.fromiter(set(changed), dtype=np.int64) if len(changed) > 1 else np.array(changed)
-            self._compute(req, s, rows)
+            # Within a pass a node only loses capacity: where a request did not fit, it still does not.
+            rows = rows[s.score[rows] > NEG]
+            if len(rows):
+                self._compute(req, s, rows)
             s.pos = len(log)
         return s
 
