@@ -62,6 +62,7 @@ class Fleet:
             self.refresh(i, log=False)
         self.log: list[int] = []  # rows changed, in order
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
+        self._match_slots: dict[tuple[str | None, str | None], np.ndarray] = {}
 
     def refresh(self, i: int, log: bool = True, gpus: list[int] | None = None) -> None:
         """Copy node row `i` (only the GPUs of index `gpus`, when given) from its NodeState."""
@@ -112,7 +113,11 @@ class Fleet:
 
     def gpu_ok(self, req: RankRequest, rows: np.ndarray | slice) -> np.ndarray:
         """Per GPU slot of `rows`: can it take one GPU of `req` now? (exactly GpuState.admits)"""
-        match = self.kind_match(req.vendor, req.model)[self.gmodel[rows]]
+        key = (req.vendor, req.model)
+        slots = self._match_slots.get(key)
+        if slots is None:  # per node and GPU slot, for each (vendor, model) asked: a few arrays
+            slots = self._match_slots[key] = self.kind_match(req.vendor, req.model)[self.gmodel]
+        match = slots[rows]
         mode = req.mode
         v = req.vram_bytes
         if mode == GpuMode.EXCLUSIVE or (mode == GpuMode.SHARED and req.fraction >= 1.0 and v is None):
