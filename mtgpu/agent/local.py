@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..model.gpu import GpuInfo, HostInfo
 from .runners.base import ExitInfo, Launch, Runner
+from .runners.native import NativeRunner
 from .telemetry import open_backend
 from .telemetry.base import GpuBackend
 from .telemetry.host import sample_host
@@ -47,8 +48,6 @@ class LocalAgent:
 
     @classmethod
     def open(cls, state_dir: Path, gpu_backend: str, simulated_gpus: list[dict], seed: str) -> "LocalAgent":
-        from .runners.native import NativeRunner
-
         backend = open_backend(gpu_backend, simulated_gpus, Path(state_dir), seed)
         return cls(state_dir, NativeRunner(Path(state_dir) / "runs"), backend)
 

@@ -14,6 +14,7 @@ from ..agent.local import LocalAgent
 from ..config import Config
 from ..state.journal import JournaledState
 from .api import local_app, public_app
+from .cluster import open_cluster_node
 from .identity import PeerCredProtocol
 from .node import Node
 from .service import NodeService
@@ -52,8 +53,6 @@ def build_service(config: Config) -> NodeService:
     prepare_state_dir(state_dir)
     agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), seed=config.NODE_NAME)
     if config.CLUSTER_MODE == "cluster":
-        from .cluster import open_cluster_node  # only cluster members load pysyncobj
-
         node = open_cluster_node(config, agent)
     else:
         node = Node(config, agent, JournaledState(state_dir / "state"))
