@@ -47,7 +47,8 @@ class InviteRequest(BaseModel):
 
 class RetentionRequest(BaseModel):
     dry_run: bool = True
-    as_of: float | None = Field(default=None, description="evaluate at this time (Unix seconds); default now")
+    as_of: float | None = Field(default=None, ge=0, le=32503680000.0,
+                                description="evaluate at this time (Unix seconds, up to the year 3000); default now")
 
 
 class AssignRequest(BaseModel):

@@ -25,6 +25,9 @@ from .view import build_snapshot
 log = logging.getLogger(__name__)
 
 
+MAX_SCRIPT_BYTES = 1 << 20
+
+
 class ServiceError(Exception):
     """An answer for the caller: HTTP status plus a message that says what and how to fix."""
 
@@ -65,6 +68,11 @@ class NodeService:
         """Runs on the event loop: parsing and checks are quick, and the commit is
         awaited (group-committed with concurrent submissions), not waited for in a thread."""
         self._authorized(caller)
+        if len(script) > MAX_SCRIPT_BYTES:
+            raise ServiceError(422, f"refused: the job file has {len(script)} characters, more than {MAX_SCRIPT_BYTES}; "
+                                    "keep data in files and let the script read them", refused=True)
+        if workdir is not None and (not workdir.startswith("/") or "\0" in workdir):
+            raise ServiceError(422, f"refused: workdir {workdir!r} must be an absolute path", refused=True)
         try:
             spec = parse_job_file(script, overrides)
         except JobFileError as e:
@@ -176,6 +184,7 @@ class NodeService:
 
     def read_log(self, caller: Caller, job_id: int, offset: int, limit: int = 1 << 20) -> dict:
         job = self._visible_job(caller, job_id)
+        offset = max(0, offset)
         ran_here = not job.allocations or job.allocations[0].node == self.node_name
         if not ran_here and self.node.cluster is not None:
             data = self.node.cluster.fetch_log(job.allocations[0].node, job_id, offset, limit)

@@ -305,3 +305,19 @@ def test_datasets_are_published_read_only_and_jobs_read_them(alice, tmp_path):
         import shutil
 
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_bad_requests_get_clear_errors_and_the_node_keeps_serving(node2):
+    from mtgpu.client.local import ClientError
+
+    with node2.client() as c:
+        for kwargs, needle in (({"script": "#!/bin/bash\n" + "x" * (1 << 20)}, "characters"),
+                               ({"script": "#!/bin/bash\ntrue\n", "workdir": "relative/dir"}, "absolute path"),
+                               ({"script": "#!/bin/bash\ntrue\n", "overrides": {"array": "0-99999999"}}, "array")):
+            with pytest.raises(ClientError) as e:
+                c.submit(**kwargs)
+            assert e.value.status == 422 and needle in str(e.value)
+        with pytest.raises(ClientError) as e:
+            c.retention(dry_run=True, as_of=1e30)
+        assert e.value.status == 422
+        assert c.health()["ok"]
