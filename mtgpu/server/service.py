@@ -17,7 +17,7 @@ from ..sched import check_satisfiable
 from ..state import commands as C
 from ..storage.quota import check_submission, detect_quota_backend, quota_warning
 from .batching import SubmitBatcher
-from .identity import Caller
+from .identity import Caller, home_of
 from .retention import apply_retention, retention_report
 from .node import Node
 from .view import build_snapshot
@@ -79,6 +79,10 @@ class NodeService:
             raise ServiceError(422, f"job file refused: {e}", refused=True) from None
         if workdir and not spec.workdir:
             spec = replace(spec, workdir=workdir)
+        elif spec.workdir and not spec.workdir.startswith("/"):
+            # A relative workdir= is the submitter's: below where it submitted from, else its home.
+            base = workdir or home_of(caller.uid, str(Path(self.config.TENANT_HOME_ROOT) / caller.name))
+            spec = replace(spec, workdir=os.path.normpath(os.path.join(base, spec.workdir)))
         machine = self.store.machine
         with self.store.lock:
             snapshot = build_snapshot(machine, {})

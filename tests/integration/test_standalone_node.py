@@ -321,3 +321,12 @@ def test_bad_requests_get_clear_errors_and_the_node_keeps_serving(node2):
             c.retention(dry_run=True, as_of=1e30)
         assert e.value.status == 422
         assert c.health()["ok"]
+
+
+def test_a_relative_workdir_is_below_where_the_job_was_submitted(node2, alice):
+    sub = Path(alice.home) / "proj"
+    sub.mkdir(exist_ok=True)
+    os.chown(sub, alice.uid, alice.gid)
+    jid = node2.submit_json(alice, "--workdir", "proj", "--wrap", "pwd")["job_id"]
+    node2.wait_state(jid, "completed")
+    assert read_log(node2, alice, jid).strip() == str(sub)
