@@ -15,7 +15,7 @@ from mtgpu.model.gpu import model_matches
 from mtgpu.model.job import GpuMode, GpuSlot, NodeAllocation
 from mtgpu.model.units import format_size
 
-from .reasons import gpus_of
+from .reasons import gpu_capacity_reason
 from .request import EPS, RankRequest
 
 
@@ -236,17 +236,10 @@ def gpu_shortfall(gpus: list[GpuState], req: RankRequest) -> str:
     if not gpus:
         return "no GPU (CPU-only node)"
     matching = [g for g in gpus if g.matches(req)]
-    if not matching:
-        what = "model" if req.model else "vendor"
-        return f"no GPU of {what} {kind}" if req.model or req.vendor else "no GPU"
-    if len(matching) < req.gpu_count:
-        return f"only {gpus_of(len(matching), kind)} ({req.gpu_count} asked)"
+    why = gpu_capacity_reason(kind, req.model, req.vendor, [g.total for g in matching], req.gpu_count, req.vram_bytes)
+    if why:
+        return why
     v = req.vram_bytes
-    if v is not None:
-        big = [g for g in matching if g.total >= v]
-        if len(big) < req.gpu_count:
-            most = max(g.total for g in matching)
-            return f"no {kind} with {format_size(v)} VRAM ({format_size(most)} total < {format_size(v)})"
     fitting = sum(1 for g in matching if g.admits(req))
     if req.mode == GpuMode.EXCLUSIVE:
         idle = [g for g in matching if g.idle]

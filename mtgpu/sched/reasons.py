@@ -7,6 +7,8 @@ on a 10,000-node cluster.
 
 from __future__ import annotations
 
+from mtgpu.model.units import format_size
+
 MAX_NAMES_PER_REASON = 3
 MAX_REASONS = 8
 
@@ -38,3 +40,20 @@ def gpus_of(n: int, kind: str) -> str:
     """"2 GPUs", "1 rtx4090 GPU"."""
     noun = "GPU" if n == 1 else "GPUs"
     return f"{n} {noun}" if kind == "GPU" else f"{n} {kind} {noun}"
+
+
+def gpu_capacity_reason(kind: str, model: str | None, vendor: str | None, matching_totals: list[int],
+                        gpu_count: int, vram_bytes: int | None) -> str | None:
+    """Why a node's GPUs of the asked kind can never hold the request, whatever runs
+    there (none of that kind, too few, too little memory); None when they could.
+    `matching_totals` are the total VRAM of the node's GPUs that match the request."""
+    if not matching_totals:
+        if model:
+            return f"no GPU of model {kind}"
+        return f"no GPU of vendor {kind}" if vendor else "no GPU"
+    if len(matching_totals) < gpu_count:
+        return f"only {gpus_of(len(matching_totals), kind)} ({gpu_count} asked)"
+    if vram_bytes is not None and sum(1 for t in matching_totals if t >= vram_bytes) < gpu_count:
+        most = max(matching_totals)
+        return f"no {kind} with {format_size(vram_bytes)} VRAM ({format_size(most)} total < {format_size(vram_bytes)})"
+    return None

@@ -11,7 +11,7 @@ from mtgpu.model.gpu import model_matches
 from mtgpu.model.job import JobSpec
 from mtgpu.model.units import format_size
 
-from .reasons import gpus_of, join_node_reasons
+from .reasons import gpu_capacity_reason, join_node_reasons
 from .request import EPS, RankRequest, rank_requests
 
 
@@ -30,19 +30,8 @@ def never_reason(node: NodeView, req: RankRequest) -> str | None:
         g for g in node.gpus
         if (req.vendor is None or g.vendor == req.vendor) and (req.model is None or model_matches(req.model, g.model))
     ]
-    if not matching:
-        if req.model:
-            return f"no GPU of model {kind}"
-        return f"no GPU of vendor {kind}" if req.vendor else "no GPU"
-    if len(matching) < req.gpu_count:
-        return f"only {gpus_of(len(matching), kind)} ({req.gpu_count} asked)"
-    v = req.vram_bytes
-    if v is not None:
-        big = [g for g in matching if g.vram_total_bytes >= v]
-        if len(big) < req.gpu_count:
-            most = max(g.vram_total_bytes for g in matching)
-            return f"no {kind} with {format_size(v)} VRAM ({format_size(most)} total < {format_size(v)})"
-    return None
+    return gpu_capacity_reason(kind, req.model, req.vendor, [g.vram_total_bytes for g in matching],
+                               req.gpu_count, req.vram_bytes)
 
 
 def node_could_host(node: NodeView, reqs: list[RankRequest]) -> bool:
