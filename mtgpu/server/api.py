@@ -199,8 +199,21 @@ def add_cluster_routes(app: FastAPI, service: NodeService) -> None:
     @app.post("/cluster/v1/report")
     async def report(request: Request) -> dict:
         body = await verified(request)
-        link.handle_report(json.loads(body))
-        return {"ok": True}
+        return link.handle_report(json.loads(body))
+
+    @app.post("/cluster/v1/role")
+    async def role(request: Request) -> dict:
+        body = json.loads(await verified(request))
+        try:
+            return await run_in_threadpool(link.handle_role, bool(body["voter"]), list(body["voters"]),
+                                           int(body["term"]))
+        except ClusterSetupError as e:
+            raise ServiceError(409, str(e)) from None
+
+    @app.get("/cluster/v1/raft")
+    async def raft(request: Request) -> dict:
+        await verified(request)
+        return link.raft_info()
 
     @app.post("/cluster/v1/join")
     async def join(request: Request) -> dict:

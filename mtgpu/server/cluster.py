@@ -1,13 +1,17 @@
 """Cluster mode: the secret, membership, the Raft store, and the members' traffic
 to the scheduler (telemetry reports, joins, pending reasons, logs).
 
-Addresses. Each member serves clients and members on LISTEN (host:port) and Raft on
-host:(port+1). PEERS lists LISTEN addresses. A member whose own LISTEN is in PEERS (or
-whose PEERS is empty) is a founding member: the founding voters are the first five
-addresses of PEERS, sorted, so every founding member computes the same set. Any
-other member joins through a peer: the scheduler makes it a voter while the cluster
-has fewer than three, else a non-voting member that still receives every entry.
-The outcome is kept in STATE_DIR/cluster/membership.json for restarts.
+Membership. A member whose own LISTEN is in PEERS (or whose PEERS is empty) is a
+founding member: the founding voters are the first 5, 3 or 1 addresses of PEERS
+(voter_policy.voter_count of their number), sorted, so every founding member
+computes the same set; the other founders start as non-voting members. Any other
+member joins through a peer as a non-voting member that still receives every entry.
+From then on the scheduler moves the votes to the most capable members
+(voter_policy, voter_keeper): it tells a member to reopen its replica as a voter or
+as a member (POST /cluster/v1/role). Every report a member sends is answered with
+the voters; a member that votes but is not among them steps down by itself (its
+replica reopens as a member), and one that knows no leader asks the members it
+knows who leads. The role is kept in STATE_DIR/cluster/membership.json for restarts.
 
 Security. The Raft traffic is encrypted and authenticated with a key derived from
 the cluster secret (pysyncobj's password); member-to-member HTTP requests are
@@ -24,7 +28,6 @@ import json
 import logging
 import os
 import secrets
-import socket
 import threading
 import time
 from pathlib import Path
@@ -36,14 +39,15 @@ from ..config import Config
 from ..model.gpu import GpuInfo, HostInfo
 from ..state import commands as C
 from ..state.raft import RaftState, ReplicationError
+from .addresses import advertised, api_address, raft_address
 from .cluster_errors import ClusterSetupError
 from .node import Node
 from .view import NodeTelemetry
+from .voter_keeper import VoterKeeper
+from .voter_policy import voter_count
 
 log = logging.getLogger(__name__)
 
-MAX_VOTERS = 5
-MIN_VOTERS = 3
 SIGNATURE_MAX_AGE_S = 30.0
 REPORT_EVERY_S = 1.0
 
@@ -97,30 +101,6 @@ class Signer:
         return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
 
 
-# ---------------------------------------------------------------- addresses
-def advertised(address: str) -> str:
-    host, port = address.rsplit(":", 1)
-    if host in ("0.0.0.0", "", "::", "[::]"):
-        host = socket.gethostbyname(socket.gethostname())
-    return f"{host}:{port}"
-
-
-def raft_address(listen: str) -> str:
-    host, port = advertised(listen).rsplit(":", 1)
-    return f"{host}:{int(port) + 1}"
-
-
-def api_address(raft: str) -> str:
-    host, port = raft.rsplit(":", 1)
-    return f"{host}:{int(port) - 1}"
-
-
-def capability(rec) -> tuple:
-    """How capable a member is, for choosing voters and the scheduler: GPUs, then
-    their memory, then CPUs, then memory; the name breaks ties."""
-    return (len(rec.gpus), sum(g.vram_total_bytes for g in rec.gpus), rec.cpus, rec.mem_total_bytes)
-
-
 # ---------------------------------------------------------------- the link
 class ClusterLink:
     def __init__(self, config: Config, secret: str) -> None:
@@ -137,8 +117,12 @@ class ClusterLink:
         self._last_report_ok = 0.0
         self._pending_cache: tuple[float, dict[int, str]] = (0.0, {})
         self._leader_since = 0.0
-        self._last_transfer = 0.0
         self._thread: threading.Thread | None = None
+        self.keeper = VoterKeeper(self)
+        self._role_lock = threading.Lock()
+        self._not_counted = 0          # reports in a row whose answer did not count this voter
+        self._no_leader_since = 0.0
+        self._found_leader: tuple[float, str | None] = (0.0, None)
 
     # ------------------------------------------------------------ requests between members
     def call(self, address: str, method: str, path: str, payload: dict | None = None, timeout_s: float = 3.0):
@@ -156,19 +140,26 @@ class ClusterLink:
 
     # ------------------------------------------------------------ membership
     def membership(self, state_dir: Path) -> tuple[bool, list[str]]:
-        path = state_dir / "cluster" / "membership.json"
+        self._membership_path = path = state_dir / "cluster" / "membership.json"
         if path.exists():
             m = json.loads(path.read_text())
             return m["voter"], m["voters"]
         peers = [advertised(p) for p in self.config.PEERS]
         if not peers or self.listen in peers:
-            voters = sorted({raft_address(p) for p in peers} | {self.raft_self})[:MAX_VOTERS]
+            founders = sorted({raft_address(p) for p in peers} | {self.raft_self})
+            voters = founders[:voter_count(len(founders))]
             voter = self.raft_self in voters
         else:
             voter, voters = self._join(peers)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.write_text(json.dumps({"voter": voter, "voters": voters}))
+        self._save_membership(voter, voters)
         return voter, voters
+
+    def _save_membership(self, voter: bool, voters: list[str]) -> None:
+        path = self._membership_path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"voter": voter, "voters": voters}))
+        os.replace(tmp, path)
 
     def _join(self, peers: list[str]) -> tuple[bool, list[str]]:
         errors = []
@@ -187,19 +178,32 @@ class ClusterLink:
         raise ClusterSetupError("could not join the cluster through PEERS: " + "; ".join(errors[-len(peers):]))
 
     def handle_join(self, name: str, listen: str, raft: str) -> dict:
-        """On the scheduler: admit a new member, as a voter while there are fewer than three."""
+        """On the scheduler: admit a new member, as a non-voting one (the keeper
+        promotes it if it is among the most capable)."""
         if not self.store.is_leader():
             leader = self.leader_api()
             if leader is None:
                 raise ReplicationError("no scheduler right now; try again in a moment")
             return self.call(leader, "POST", "/cluster/v1/join", {"name": name, "listen": listen, "raft": raft}, 15)
         voters = self.store.voters()
-        if raft in voters:
-            return {"voter": True, "voters": voters}
-        if len(voters) < MIN_VOTERS:
-            self.store.add_voter(raft)
-            return {"voter": True, "voters": sorted(set(voters) | {raft})}
-        return {"voter": False, "voters": voters}
+        return {"voter": raft in voters, "voters": voters}
+
+    def handle_role(self, voter: bool, voters: list[str], term: int) -> dict:
+        """On a member, told by the scheduler: reopen the replica as a voter or a member."""
+        if term < self.store.term():
+            raise ClusterSetupError(f"a role change from term {term}, older than this member's {self.store.term()}")
+        self._take_role(voter, voters)
+        return {"generation": self.store.generation, "voter": self.store.is_voter()}
+
+    def _take_role(self, voter: bool, voters: list[str]) -> None:
+        with self._role_lock:
+            if voter == self.store.is_voter():
+                return
+            log.info("%s reopens its replica as a %s (voters: %s)", self.node_name,
+                     "voter" if voter else "non-voting member", ", ".join(voters))
+            # Recorded first: a crash in between restarts in the new role, never the old.
+            self._save_membership(voter, voters)
+            self.store.reopen(self.raft_self if voter else None, voters)
 
     def handle_remove(self, name: str) -> dict:
         """On the scheduler: take a member out of the cluster (out of the voters too).
@@ -229,7 +233,7 @@ class ClusterLink:
 
     def raft_info(self) -> dict:
         return {"leader": self.store.leader_address(), "term": self.store.term(), "voter": self.store.is_voter(),
-                "voters": self.store.voters()}
+                "voters": self.store.voters(), "is_leader": self.store.is_leader()}
 
     def voter_names(self) -> list[str]:
         by_addr = {advertised(n.address): n.name for n in self.store.machine.nodes.values() if n.address}
@@ -260,23 +264,76 @@ class ClusterLink:
             return
         if self.store.is_leader():
             self._last_report_ok = time.monotonic()
+            self._no_leader_since = 0.0
+            self.keeper.step(self._leader_since)
             return
         leader = self.leader_api()
         if leader is None:
-            return
-        self.call(leader, "POST", "/cluster/v1/report", {
+            leader = self._find_leader()
+            if leader is None:
+                return
+        else:
+            self._no_leader_since = 0.0
+        store = self.store
+        answer = self.call(leader, "POST", "/cluster/v1/report", {
             "node": self.node_name,
             "gpus": [g.to_dict() for g in tel.gpus],
             "host": tel.host.to_dict() if tel.host else None,
+            "raft": {"voter": store.is_voter(), "applied": store.applied_index(), "caught_up": store.caught_up(),
+                     "generation": store.generation},
         }, timeout_s=2.0)
         self._last_report_ok = time.monotonic()
+        self._check_counted(answer.get("voters"))
 
-    def handle_report(self, payload: dict) -> None:
+    def _check_counted(self, voters: list[str] | None) -> None:
+        """A voter that the scheduler twice in a row does not count (it was taken out
+        while it was away, or a promotion was undone) reopens as a member. Voting
+        less is always safe; only the scheduler promotes."""
+        if voters is None or not self.store.is_voter() or self.raft_self in voters:
+            self._not_counted = 0
+            return
+        self._not_counted += 1
+        if self._not_counted >= 2:
+            log.info("%s votes but the scheduler does not count it: it steps down to a member", self.node_name)
+            self._not_counted = 0
+            self._take_role(False, voters)
+
+    def _find_leader(self) -> str | None:
+        """When this member's replica knows no leader for a while (e.g. it votes but
+        was taken out of the voters while it was stopped), ask the members it knows."""
+        now = time.monotonic()
+        if not self._no_leader_since:
+            self._no_leader_since = now
+        at, found = self._found_leader
+        if now - self._no_leader_since < 3.0 or now - at < 2.0:
+            return found if now - at < 2.0 else None
+        known = {advertised(n.address) for n in self.store.machine.nodes.values() if n.address}
+        known |= {advertised(p) for p in self.config.PEERS}
+        known.discard(self.listen)
+        found = None
+        for address in sorted(known):
+            try:
+                info = self.call(address, "GET", "/cluster/v1/raft", timeout_s=1.0)
+            except (httpx.HTTPError, ClusterSetupError, ValueError):
+                continue
+            if info.get("is_leader"):
+                found = address
+                break
+            if info.get("leader"):
+                found = api_address(info["leader"])
+        self._found_leader = (now, found)
+        return found
+
+    def handle_report(self, payload: dict) -> dict:
         tel = NodeTelemetry(gpus=[GpuInfo.from_dict(g) for g in payload.get("gpus", [])],
                             host=HostInfo.from_dict(payload["host"]) if payload.get("host") else None,
                             reported_at=self.node.clock())
         self.node.scheduler.report(payload["node"], tel)
+        self.keeper.on_report(payload["node"], payload.get("raft"))
         self.node.wake()
+        if not self.store.is_leader():
+            return {"ok": True}
+        return {"ok": True, "voters": self.store.voters(), "term": self.store.term()}
 
     def in_touch(self) -> bool:
         """Whether this member may keep its jobs running: it leads with a quorum, or
@@ -287,25 +344,10 @@ class ClusterLink:
 
     # ------------------------------------------------------------ the scheduler's duties
     def maintain(self) -> None:
-        """On the scheduler: hand the role to the most capable healthy voter when that is not us."""
-        now = time.monotonic()
+        """On the scheduler, every pass: note since when it leads (the keeper, run from
+        the report thread, waits for a round of reports before it changes anything)."""
         if not self._leader_since:
-            self._leader_since = now
-        if now - self._leader_since < 3.0 or now - self._last_transfer < 5.0:
-            return
-        machine = self.store.machine
-        fresh = {name for name, t in self.node.scheduler.telemetry.items() if self.node.clock() - t.reported_at < 3.0}
-        healthy = [n for n in machine.nodes.values() if n.address and not n.down and n.name in fresh]
-        by_addr = {raft_address(n.address): n for n in healthy}
-        voters = [by_addr[v] for v in self.store.voters() if v in by_addr]
-        if not voters:
-            return
-        best = max(voters, key=lambda n: (capability(n), n.name))
-        me = machine.nodes.get(self.node_name)
-        if me is not None and best.name != self.node_name and capability(best) > capability(me):
-            log.info("handing the scheduler role to the more capable %s", best.name)
-            self._last_transfer = now
-            self.store.transfer_leadership(raft_address(best.address))
+            self._leader_since = time.monotonic()
 
     def lost_leadership(self) -> None:
         self._leader_since = 0.0

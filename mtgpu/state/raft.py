@@ -10,10 +10,20 @@ Traffic between members is encrypted and authenticated by pysyncobj's password,
 derived from the cluster secret: a machine without the secret can neither join
 nor read nor write. Voters take part in elections and commits; further members
 run as non-voting (read-only) replicas that still receive every entry.
+
+pysyncobj fixes a member's role when its replica opens, so a member changes role by
+`reopen`: the replica is closed, its journal and snapshot are deleted and a fresh
+one opens in the new role and fetches everything from the leader. Deleting is what
+makes this safe: a demoted member never votes again with a log the cluster counted
+on (a non-voting replica does not vote at all), and a promoted one joins like a new
+server whose empty log no commit ever relied on. Until the fresh replica has caught
+up, reads see the state as it was when the old replica closed, so the agent does
+not take its running jobs for gone.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import threading
@@ -25,6 +35,14 @@ from pysyncobj.syncobj import SyncObjException
 from .machine import StateMachine
 
 log = logging.getLogger(__name__)
+
+
+# Election timeouts (s). A freshly promoted voter starts with an empty log at term 0:
+# it waits longer before it stands for election, so that it hears from the leader
+# first and does not depose it with a higher term; it gets the normal ones once it
+# has caught up.
+ELECTION_TIMEOUTS = (0.35, 0.8)
+JOINING_ELECTION_TIMEOUTS = (1.5, 2.0)  # at most connectionTimeout (pysyncobj checks)
 
 
 class ReplicationError(Exception):
@@ -76,10 +94,16 @@ class RaftState:
         self._on_applied = on_applied
         self._secret = secret
         self._fast = fast
+        self._role_lock = threading.Lock()
+        self._tick_jobs: collections.deque = collections.deque()
+        self._reopening = False
+        self._frozen: tuple[StateMachine, int] | None = None  # (the old state, its last applied index)
+        self.generation = 0  # how many times the replica reopened in another role
         self._open(self_address, voters)
 
-    def _conf(self) -> SyncObjConf:
+    def _conf(self, joining: bool = False) -> SyncObjConf:
         fast, secret = self._fast, self._secret
+        low, high = JOINING_ELECTION_TIMEOUTS if joining else ELECTION_TIMEOUTS
         return SyncObjConf(
             password=raft_password(secret),
             journalFile=str(self.directory / "raft.journal"),
@@ -88,8 +112,8 @@ class RaftState:
             # One round trip per synchronous write instead of waiting for a batch
             # (~100 ms with batching; see shared/TESTING.md).
             appendEntriesUseBatch=not fast,
-            raftMinTimeout=0.35,
-            raftMaxTimeout=0.8,
+            raftMinTimeout=low,
+            raftMaxTimeout=high,
             appendEntriesPeriod=0.05,  # also how soon followers learn a commit when traffic is sparse
             connectionTimeout=2.0,
             connectionRetryTime=0.5,
@@ -100,18 +124,75 @@ class RaftState:
             logCompactionMinTime=600,
         )
 
-    def _open(self, self_address: str | None, voters: list[str]) -> None:
+    def _open(self, self_address: str | None, voters: list[str], joining: bool = False) -> None:
         self._consumer = _ReplicatedMachine(self.lock, self._on_applied)
         self.self_address = self_address
         others = [v for v in voters if v != self_address]
-        self._sync = SyncObj(self_address, others, conf=self._conf(), consumers=[self._consumer])
+        self._sync = SyncObj(self_address, others, conf=self._conf(joining), consumers=[self._consumer])
+        self._sync.addOnTickCallback(self._run_tick_jobs)
+
+    def _run_tick_jobs(self) -> None:
+        """Work that must run on pysyncobj's own thread (its transport is not thread-safe).
+        Runs under pysyncobj's tick-callback lock: a job must not add or remove callbacks."""
+        while self._tick_jobs:
+            job = self._tick_jobs.popleft()
+            try:
+                job(self._sync)
+            except Exception:
+                log.exception("a job on the Raft thread failed")
+
+    def reopen(self, self_address: str | None, voters: list[str]) -> None:
+        """Take the role of a voter (self_address) or of a non-voting member (None)
+        with a fresh replica; see the module's docstring. Not from pysyncobj's thread."""
+        with self._role_lock:
+            frozen = self._frozen or (self._consumer.machine, self._sync.raftLastApplied)
+            before = (self.self_address, self.voters())
+            self._reopening = True
+            try:
+                self._sync.destroy_synchronous()
+                self._frozen = frozen
+                for path in self.directory.glob("raft.*"):
+                    path.unlink()
+                try:
+                    self._open(self_address, voters, joining=self_address is not None)
+                except Exception:
+                    log.exception("the replica could not reopen in its new role; it reopens in its old one")
+                    self._open(*before)
+                    raise
+                self.generation += 1
+            finally:
+                self._reopening = False
+        log.info("the replica reopened as a %s; it fetches the state from the leader",
+                 "voter" if self_address else "non-voting member")
+
+    def caught_up(self) -> bool:
+        """Whether the replica serves its own state (no reopen is still catching up)."""
+        frozen = self._frozen
+        if frozen is None:
+            return True
+        if self._reopening or self._sync.raftLastApplied < frozen[1]:
+            return False
+        self._frozen = None
+        conf = self._sync.conf
+        conf.raftMinTimeout, conf.raftMaxTimeout = ELECTION_TIMEOUTS
+        return True
 
     # ------------------------------------------------------------------ the store API
     @property
     def machine(self) -> StateMachine:
+        if self._frozen is not None and not self.caught_up():
+            return self._frozen[0]
         return self._consumer.machine
 
+    def applied_index(self) -> int:
+        return self._sync.raftLastApplied
+
+    def commit_index(self) -> int:
+        return self._sync.raftCommitIndex
+
     def apply(self, command: dict, timeout_s: float = 10.0) -> dict:
+        if self._reopening:
+            raise ReplicationError("this member is changing its Raft role right now; try again in a moment")
         try:
             result = self._consumer.apply_command(command, sync=True, timeout=timeout_s)
         except SyncObjException as e:
@@ -136,14 +217,18 @@ class RaftState:
             else:
                 callback(None, ReplicationError(f"the cluster did not commit the change (reason {fail_reason})"))
 
+        if self._reopening:
+            callback(None, ReplicationError("this member is changing its Raft role right now"))
+            return
         self._consumer.apply_command(command, callback=done)
 
     def close(self) -> None:
-        self._sync.destroy()
+        with self._role_lock:
+            self._sync.destroy()
 
     # ------------------------------------------------------------------ roles
     def is_leader(self) -> bool:
-        return self._sync._isLeader() and self._sync.hasQuorum
+        return not self._reopening and self._sync._isLeader() and self._sync.hasQuorum
 
     def leader_address(self) -> str | None:
         leader = self._sync._getLeader()
@@ -168,26 +253,30 @@ class RaftState:
     def add_voter(self, address: str, timeout_s: float = 10.0) -> None:
         self._wait_membership(self._sync.addNodeToCluster, address, timeout_s)
 
+    def add_voter_async(self, address: str):
+        """Propose `address` as a voter; returns wait(timeout_s) that raises
+        ReplicationError unless the change was committed. The new voter must be told
+        to reopen as one before waiting when the cluster needs its vote to commit."""
+        return self._membership_async(self._sync.addNodeToCluster, address)
+
     def remove_voter(self, address: str, timeout_s: float = 10.0) -> None:
         self._wait_membership(self._sync.removeNodeFromCluster, address, timeout_s)
 
     def transfer_leadership(self, address: str) -> None:
         """Ask `address` (a caught-up voter) to take over. pysyncobj's transport is not
         thread-safe, so the request is made from its own tick thread."""
-        sync = self._sync
-
         def done(_result, error):
             if error != FAIL_REASON.SUCCESS:
                 log.info("leadership transfer to %s not done now (reason %s); tried again later", address, error)
 
-        def on_tick():
-            sync.removeOnTickCallback(on_tick)
-            sync.transferLeadership(address, callback=done)
+        self._tick_jobs.append(lambda sync: sync.transferLeadership(address, callback=done))
 
-        sync.addOnTickCallback(on_tick)
+    @classmethod
+    def _wait_membership(cls, call, address: str, timeout_s: float) -> None:
+        cls._membership_async(call, address)(timeout_s)
 
     @staticmethod
-    def _wait_membership(call, address: str, timeout_s: float) -> None:
+    def _membership_async(call, address: str):
         done = threading.Event()
         outcome: list = []
 
@@ -196,7 +285,11 @@ class RaftState:
             done.set()
 
         call(address, callback=callback)
-        if not done.wait(timeout_s):
-            raise ReplicationError(f"changing the membership of {address} did not complete in {timeout_s:g}s")
-        if outcome[0] != FAIL_REASON.SUCCESS:
-            raise ReplicationError(f"changing the membership of {address} failed (reason {outcome[0]})")
+
+        def wait(timeout_s: float) -> None:
+            if not done.wait(timeout_s):
+                raise ReplicationError(f"changing the membership of {address} did not complete in {timeout_s:g}s")
+            if outcome[0] != FAIL_REASON.SUCCESS:
+                raise ReplicationError(f"changing the membership of {address} failed (reason {outcome[0]})")
+
+        return wait

@@ -290,3 +290,77 @@ def test_a_tenant_gets_the_same_uid_gid_on_members_with_separate_account_databas
                 assert got == (info["uid"], info["gid"])
         assert infos[0]["uid"] != infos[1]["uid"]
         assert not any(line.startswith("tacct") for line in Path("/etc/passwd").read_text().splitlines())
+
+
+GPUS_4 = [{"model": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "vram": "80G", "count": 4}]
+
+
+def test_votes_and_the_scheduler_move_to_the_most_capable_members_without_stopping_jobs(alice):
+    with running_cluster(3) as cl:
+        m0 = cl.members[0]
+        marks = marks_dir(alice, "marks-voters")
+        flag = Path(alice.home) / "go-voters"
+        script = (f"#!/bin/bash\n#MTGPU gpus=1\necho $MTGPU_NODE >> {marks}/$MTGPU_JOB_ID\n"
+                  f"while [ ! -e {flag} ]; do sleep 0.05; done\n")
+        ids = [m0.submit_json(alice, script=script)["job_id"] for _ in range(6)]
+        wait_for("six jobs running, two per member", lambda: all(m0.job(j)["state"] == "running" for j in ids))
+
+        def roles(member) -> dict[str, str]:
+            return {n["name"]: n["role"] for n in nodes_json(member)}
+
+        # A member with more GPUs joins: it becomes a voter, then the scheduler, and
+        # the weakest founding voter (the last by name among equals) steps down.
+        big = cl.add_member("big", gpus=GPUS_4)
+        want = {"big": "scheduler", "m0": "voter", "m1": "voter", "m2": "member"}
+        wait_for("big to schedule, m0 and m1 to vote, m2 to step down", lambda: roles(m0) == want, timeout_s=90)
+        assert cl.scheduler() is big
+        for m in cl.members:  # every member sees the same roles
+            assert wait_for(f"{member_name(m)} to agree", lambda m=m: roles(m) == want)
+        assert json.loads((cl.members[2].state_dir / "cluster" / "membership.json").read_text())["voter"] is False
+        # The jobs ran on through every role change, each once.
+        assert all(m0.job(j)["state"] == "running" for j in ids)
+        # A fifth member makes five voters (an odd set again).
+        cl.add_member("m4")
+        want5 = {"big": "scheduler", "m0": "voter", "m1": "voter", "m2": "voter", "m4": "voter"}
+        wait_for("five voters", lambda: roles(big) == want5, timeout_s=90)
+        flag.touch()
+        for j in ids:
+            assert m0.wait_state(j, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
+            assert len((marks / str(j)).read_text().splitlines()) == 1
+        # The scheduler dies: one of the four other voters takes over and places work.
+        big.kill9()
+        live = [m for m in cl.members if m is not big]
+        sched = cl.scheduler(among=live)
+        assert sched is not big
+        jid = sched.submit_json(alice, "--gpus", "1", "--wrap", "true")["job_id"]
+        assert sched.wait_state(jid, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
+
+
+def test_a_dead_voter_is_replaced_and_votes_again_once_it_is_back(alice):
+    with running_cluster(4) as cl:
+        m0 = cl.members[0]
+
+        def roles() -> dict[str, str]:
+            return {n["name"]: n["role"] for n in nodes_json(m0)}
+
+        def voting(r: dict[str, str]) -> set[str]:
+            return {name for name, role in r.items() if role in ("scheduler", "voter")}
+
+        # Four equal founders: three vote (the first by name), the fourth is a member.
+        wait_for("m0, m1, m2 to vote", lambda: voting(r := roles()) == {"m0", "m1", "m2"} and r["m3"] == "member",
+                 timeout_s=60)
+        sched = cl.scheduler()
+        victim = next(m for m in cl.members[:3] if m is not sched and m is not m0)
+        name = member_name(victim)
+        victim.kill9()
+        # Marked down, it is replaced by the member so that three still vote.
+        wait_for(f"m3 to replace {name}", lambda: voting(roles()) == {"m0", "m1", "m2", "m3"} - {name}, timeout_s=60)
+        # Back (its record still says it votes): it steps down, is promoted again, and m3 returns to a member.
+        victim.start()
+        wait_for(f"{name} to vote again", lambda: voting(r := roles()) == {"m0", "m1", "m2"} and r["m3"] == "member",
+                 timeout_s=90)
+        for m in cl.members:
+            with m.client() as c:
+                assert wait_for(f"{member_name(m)} to know the scheduler", lambda c=c: c.health()["scheduler"])
+        jid = victim.submit_json(alice, "--gpus", "1", "--wrap", "true")["job_id"]
+        assert victim.wait_state(jid, {"completed", "failed"}, timeout_s=30)["state"] == "completed"

@@ -1,0 +1,121 @@
+"""On the scheduler: carry out voter_policy's steps (Raft membership changes, role
+calls to members, leadership transfers), one at a time, from the report thread.
+
+A promotion proposes the new voter to Raft, then tells the member to reopen its
+replica as a voter (the cluster may need its vote to commit the change: from one
+voter to two), then waits for the commit. A demotion tells the member to reopen as
+a non-voting member first (it stops voting at once) and then takes it out of the
+configuration. Any failure leaves a state the next step repairs: a voter in the
+configuration that runs as a member is taken out (voter_policy), and a member that
+votes although the scheduler does not count it steps down by itself (cluster.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from ..state.raft import ReplicationError
+from .addresses import advertised, raft_address
+from .cluster_errors import ClusterSetupError
+from .voter_policy import MemberState, capability, plan_voters
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 3.0           # a new scheduler first collects a round of reports
+STEP_EVERY_S = 2.0       # at most one membership step this often
+TRANSFER_EVERY_S = 5.0
+REPORT_FRESH_S = 3.0
+CAUGHT_UP_ENTRIES = 2000  # a replica this close behind the commit index counts as caught up
+
+
+@dataclass
+class RoleReport:
+    voter: bool
+    applied: int
+    caught_up: bool
+    generation: int
+    lag: int
+    at: float
+
+
+class VoterKeeper:
+    def __init__(self, link) -> None:
+        self.link = link
+        self.roles: dict[str, RoleReport] = {}
+        self._min_generation: dict[str, int] = {}
+        self._next_at = 0.0
+
+    # ------------------------------------------------------------ what members say
+    def on_report(self, name: str, raft: dict | None) -> None:
+        if not raft:
+            return
+        store = self.link.store
+        applied = int(raft.get("applied", 0))
+        self.roles[name] = RoleReport(voter=bool(raft.get("voter")), applied=applied,
+                                      caught_up=bool(raft.get("caught_up")), generation=int(raft.get("generation", 0)),
+                                      lag=store.commit_index() - applied, at=time.monotonic())
+
+    def member_states(self) -> list[MemberState]:
+        link = self.link
+        telemetry = link.node.scheduler.telemetry
+        now, mono = link.node.clock(), time.monotonic()
+        states = []
+        for rec in list(link.store.machine.nodes.values()):
+            if not rec.address:
+                continue
+            tel = telemetry.get(rec.name)
+            fresh = tel is not None and now - tel.reported_at < REPORT_FRESH_S
+            role, settled = None, False
+            if rec.name == link.node_name:
+                role, settled = "voter", True
+            else:
+                r = self.roles.get(rec.name)
+                if r is not None and mono - r.at < REPORT_FRESH_S and r.generation >= self._min_generation.get(rec.name, 0):
+                    role = "voter" if r.voter else "member"
+                    settled = r.caught_up and r.lag < CAUGHT_UP_ENTRIES
+            states.append(MemberState(name=rec.name, raft=raft_address(rec.address), capability=capability(rec),
+                                      healthy=fresh and not rec.down, down=rec.down, role=role, settled=settled))
+        return states
+
+    # ------------------------------------------------------------ acting
+    def step(self, leader_since: float) -> None:
+        link, store = self.link, self.link.store
+        mono = time.monotonic()
+        if not store.is_leader() or mono - leader_since < SETTLE_S or mono < self._next_at:
+            return
+        plan = plan_voters(self.member_states(), set(store.voters()), link.node_name)
+        if plan is None:
+            return
+        self._next_at = mono + (TRANSFER_EVERY_S if plan.action == "transfer" else STEP_EVERY_S)
+        log.info("voters: %s %s (%s)", plan.action, plan.name, plan.why)
+        try:
+            if plan.action == "transfer":
+                store.transfer_leadership(plan.raft)
+            elif plan.action == "remove":
+                store.remove_voter(plan.raft)
+            elif plan.action == "promote":
+                wait = store.add_voter_async(plan.raft)
+                voters = sorted(set(store.voters()) | {plan.raft})
+                self._tell(plan.name, True, voters)
+                wait(15.0)
+            elif plan.action == "demote":
+                self._tell(plan.name, False, sorted(set(store.voters()) - {plan.raft}))
+                store.remove_voter(plan.raft)
+        except (ReplicationError, ClusterSetupError, httpx.HTTPError) as e:
+            log.warning("voters: %s %s did not complete: %s (the next step repairs it)", plan.action, plan.name, e)
+
+    def _tell(self, name: str, voter: bool, voters: list[str]) -> None:
+        rec = self.link.store.machine.nodes.get(name)
+        if rec is None or not rec.address:
+            raise ClusterSetupError(f"{name} has no address")
+        try:
+            r = self.link.call(advertised(rec.address), "POST", "/cluster/v1/role",
+                               {"voter": voter, "voters": voters, "term": self.link.store.term()}, timeout_s=20.0)
+        except (httpx.HTTPError, ClusterSetupError) as e:
+            log.warning("voters: could not tell %s to reopen as a %s: %s", name, "voter" if voter else "member", e)
+            return
+        self._min_generation[name] = int(r.get("generation", 0))
