@@ -1,0 +1,84 @@
+"""RaftState role changes with real pysyncobj replicas on loopback (several in one
+process): a member is promoted to a voter and another demoted while commands commit,
+reads never go back in time, and the promoted voter counts for the majority."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+
+import pytest
+
+from mtgpu.state import commands as C
+from mtgpu.state.raft import RaftState, ReplicationError
+from tests.support.cluster import free_port_pair
+from tests.support.node import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def register(store: RaftState, name: str) -> None:
+    for _ in range(100):
+        try:
+            store.apply(C.command(C.NODE_REGISTER, name=name, at=1.0, gpus=[], cpus=1.0, mem_total_bytes=1 << 30),
+                        timeout_s=5.0)
+            return
+        except ReplicationError:
+            time.sleep(0.1)  # an election or a membership change is under way
+    raise AssertionError(f"could not commit the registration of {name}")
+
+
+def leader_of(stores: list[RaftState]) -> RaftState:
+    return wait_for("a leader with a quorum", lambda: next((s for s in stores if s.is_leader()), None), timeout_s=20)
+
+
+def test_promote_and_demote_keep_the_state_and_the_majority(tmp_path):
+    secret = secrets.token_urlsafe(48)
+    addrs = [f"127.0.0.1:{free_port_pair()}" for _ in range(4)]
+    voters = addrs[:3]
+    stores = {a: RaftState(tmp_path / a.replace(":", "_"), a if a in voters else None, voters, secret)
+              for a in addrs}
+    a, b, c, d = (stores[x] for x in addrs)
+    try:
+        leader = leader_of([a, b, c])
+        for i in range(20):
+            register(leader, f"n{i}")
+        wait_for("the member to have every entry", lambda: len(d.machine.nodes) == 20)
+        assert not d.is_voter() and d.voters() == sorted(voters)
+
+        # Promote d: propose it, reopen it as a voter, then the change commits.
+        leader = leader_of([a, b, c])
+        wait = leader.add_voter_async(addrs[3])
+        d.reopen(addrs[3], sorted(voters + [addrs[3]]))
+        assert len(d.machine.nodes) == 20  # the old state until the fresh replica caught up
+        wait(15.0)
+        assert d.is_voter() and d.generation == 1
+        wait_for("d to catch up", lambda: d.caught_up() and len(d.machine.nodes) == 20)
+
+        # Demote c (never the leader): reopen as a member first, then take it out.
+        leader = leader_of([a, b, c, d])
+        victim = next(s for s in (c, b, a) if s is not leader)
+        victim_addr = victim.self_address
+        rest = sorted(set(addrs) - {victim_addr})
+        victim.reopen(None, rest)
+        assert not victim.is_voter() and len(victim.machine.nodes) == 20
+        leader.remove_voter(victim_addr)
+        assert sorted(leader.voters()) == rest
+        register(leader, "after-demotion")
+        for s in stores.values():
+            wait_for("every replica to apply it", lambda s=s: "after-demotion" in s.machine.nodes)
+
+        # The promoted voter counts: with the leader gone, the two others elect one
+        # of them and commit.
+        leader.close()
+        remaining = [s for s in stores.values() if s is not leader and s is not victim]
+        new = leader_of(remaining)
+        register(new, "after-failover")
+        for s in remaining + [victim]:
+            wait_for("every live replica to apply it", lambda s=s: "after-failover" in s.machine.nodes)
+        stores.pop(leader.self_address)
+    finally:
+        for s in stores.values():
+            with contextlib.suppress(Exception):
+                s.close()
