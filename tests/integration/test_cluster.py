@@ -327,6 +327,14 @@ def test_votes_and_the_scheduler_move_to_the_most_capable_members_without_stoppi
         for j in ids:
             assert m0.wait_state(j, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
             assert len((marks / str(j)).read_text().splitlines()) == 1
+        # Every member restarts (a power cut): the roles come back from the journals.
+        for m in cl.members:
+            m.terminate()
+        for m in cl.members:
+            m.start(wait=False)
+        for m in cl.members:
+            m.wait_up()
+        wait_for("the same five voters and scheduler after the restart", lambda: roles(m0) == want5, timeout_s=60)
         # The scheduler dies: one of the four other voters takes over and places work.
         big.kill9()
         live = [m for m in cl.members if m is not big]
