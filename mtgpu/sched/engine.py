@@ -49,6 +49,9 @@ class _Scores:
         self.pos = 0
 
 
+_UNKNOWN = object()
+
+
 class Scheduler:
     """A working copy of the cluster that jobs are placed on one at a time."""
 
@@ -418,6 +421,11 @@ class Scheduler:
         blocker_of_unknown: int | None = None
         waiting: dict[int, JobSpec] = {}
         held: dict[int, int] = {}
+        # Within a pass capacity is only taken and holds only grow, so a request that
+        # could not be placed cannot be placed later in the pass either; and what a
+        # blocked request could do (fit now, reserve) is the same until a placement.
+        unplaceable: set[JobSpec] = set()
+        blocked: dict[JobSpec, list] = {}  # spec -> [placements so far, fits_now, reservation]
         for job in order:
             spec = job.spec
             never = self.never_fits(spec)
@@ -439,7 +447,7 @@ class Scheduler:
                         forbid = forbid | mask
                 if not forbid.any():
                     forbid = None
-            allocs = self.place(spec, job.job_id, forbid)
+            allocs = None if spec in unplaceable else self.place(spec, job.job_id, forbid)
             if allocs is not None:
                 plan.placements.append(Placement(job.job_id, allocs))
                 if job.array_parent is not None:
@@ -448,12 +456,22 @@ class Scheduler:
                 if ends != math.inf:
                     bisect.insort(self._events, (ends, job.job_id, allocs))
                 continue
+            unplaceable.add(spec)
+            known = blocked.get(spec)
+            if known is None or known[0] != len(plan.placements):
+                known = blocked[spec] = [len(plan.placements), None, _UNKNOWN]
             # Blocked: it waits, and what it waits for is held so later jobs cannot delay it.
-            if forbid is not None and self.fits_now(spec, None):
+            if forbid is not None and known[1] is None:
+                known[1] = self.fits_now(spec, None)
+            if forbid is not None and known[1]:
                 held[job.job_id] = self._holder(forbid_unknown, reservations, blocker_of_unknown, spec, ends)
             else:
                 waiting[job.job_id] = spec
-            res = self._reserve(spec, now) if len(reservations) < RESERVATION_DEPTH else None
+            res = None
+            if len(reservations) < RESERVATION_DEPTH:
+                if known[2] is _UNKNOWN:
+                    known[2] = self._reserve(spec, now)
+                res = known[2]
             if res is not None:
                 reservations.append((res[0], res[1], job.job_id))
             else:
