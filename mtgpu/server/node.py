@@ -121,11 +121,14 @@ class Node:
         if self.store.is_leader():
             if time.monotonic() >= self._next_schedule_at:
                 t0 = time.monotonic()
+                placed = self.scheduler.placements
                 self.scheduler.run_once(now, self.store.term())
                 # A pass over a long queue is costly: leave the CPU to the API and the
-                # replication for twice as long as the pass took (bounded by a tick).
+                # replication for twice as long as the pass took, five times when it
+                # placed nothing (the queue waits for capacity), bounded by a tick.
                 spent = time.monotonic() - t0
-                self._next_schedule_at = t0 + spent + min(TICK_S, 2 * spent) if spent > 0.002 else 0.0
+                rest = (2 if self.scheduler.placements > placed else 5) * spent
+                self._next_schedule_at = t0 + spent + min(TICK_S, rest) if spent > 0.002 else 0.0
             if self.cluster is not None:
                 self.cluster.maintain()
         elif self.scheduler.epoch is not None:
