@@ -205,8 +205,11 @@ def add_cluster_routes(app: FastAPI, service: NodeService) -> None:
     async def role(request: Request) -> dict:
         body = json.loads(await verified(request))
         try:
-            return await run_in_threadpool(link.handle_role, bool(body["voter"]), list(body["voters"]),
-                                           int(body["term"]))
+            voter, voters, term = bool(body["voter"]), [str(v) for v in body["voters"]], int(body["term"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ServiceError(422, f"a role change needs voter (bool), voters (list) and term (int): {e}") from None
+        try:
+            return await run_in_threadpool(link.handle_role, voter, voters, term)
         except ClusterSetupError as e:
             raise ServiceError(409, str(e)) from None
 

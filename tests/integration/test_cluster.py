@@ -179,6 +179,22 @@ def test_a_member_without_the_secret_is_refused():
         assert m.proc.returncode != 0
         assert "secret" in m.server_log()
         assert all(n["name"] not in ("nosecret", "wrongsecret") for n in nodes_json(cl.members[0]))
+        # Nobody without the secret can change a member's Raft role; a malformed request is refused.
+        import httpx
+
+        from mtgpu.server.cluster import Signer
+
+        target = cl.members[1]
+        url = f"http://127.0.0.1:{target.port}/cluster/v1/role"
+        body = json.dumps({"voter": False, "voters": [], "term": 10**6}).encode()
+        assert httpx.post(url, content=body).status_code == 401
+        headers = Signer("w" * 64).headers("POST", "/cluster/v1/role", body, "intruder")
+        assert httpx.post(url, content=body, headers=headers).status_code == 401
+        bad = b'{"voter": true}'
+        headers = Signer(cl.secret_path.read_text().strip()).headers("POST", "/cluster/v1/role", bad, "m0")
+        r = httpx.post(url, content=bad, headers=headers)
+        assert r.status_code == 422 and "voters" in r.text
+        assert target.client().health()["raft"]["voter"] is True
 
 
 def test_drain_stops_new_placements_and_resume_undoes_it(alice):
