@@ -118,6 +118,7 @@ class ClusterLink:
         self._pending_cache: tuple[float, dict[int, str]] = (0.0, {})
         self._leader_since = 0.0
         self._thread: threading.Thread | None = None
+        self._keeper_thread: threading.Thread | None = None
         self.keeper = VoterKeeper(self)
         self._role_lock = threading.Lock()
         self._not_counted = 0          # reports in a row whose answer did not count this voter
@@ -139,11 +140,12 @@ class ClusterLink:
         return api_address(leader) if leader else None
 
     # ------------------------------------------------------------ membership
-    def membership(self, state_dir: Path) -> tuple[bool, list[str]]:
+    def membership(self, state_dir: Path) -> tuple[bool, list[str], str]:
+        """(whether this member votes, the voters it knows, its replica's file name part)."""
         self._membership_path = path = state_dir / "cluster" / "membership.json"
         if path.exists():
             m = json.loads(path.read_text())
-            return m["voter"], m["voters"]
+            return m["voter"], m["voters"], m.get("replica", "")
         peers = [advertised(p) for p in self.config.PEERS]
         if not peers or self.listen in peers:
             founders = sorted({raft_address(p) for p in peers} | {self.raft_self})
@@ -151,14 +153,14 @@ class ClusterLink:
             voter = self.raft_self in voters
         else:
             voter, voters = self._join(peers)
-        self._save_membership(voter, voters)
-        return voter, voters
+        self._save_membership(voter, voters, "")
+        return voter, voters, ""
 
-    def _save_membership(self, voter: bool, voters: list[str]) -> None:
+    def _save_membership(self, voter: bool, voters: list[str], replica: str) -> None:
         path = self._membership_path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"voter": voter, "voters": voters}))
+        tmp.write_text(json.dumps({"voter": voter, "voters": voters, "replica": replica}))
         os.replace(tmp, path)
 
     def _join(self, peers: list[str]) -> tuple[bool, list[str]]:
@@ -193,7 +195,7 @@ class ClusterLink:
         if term < self.store.term():
             raise ClusterSetupError(f"a role change from term {term}, older than this member's {self.store.term()}")
         self._take_role(voter, voters)
-        return {"generation": self.store.generation, "voter": self.store.is_voter()}
+        return {"generation": self.store.generation, "boot": self.store.boot, "voter": self.store.is_voter()}
 
     def _take_role(self, voter: bool, voters: list[str]) -> None:
         with self._role_lock:
@@ -201,8 +203,9 @@ class ClusterLink:
                 return
             log.info("%s reopens its replica as a %s (voters: %s)", self.node_name,
                      "voter" if voter else "non-voting member", ", ".join(voters))
-            # Recorded first: a crash in between restarts in the new role, never the old.
-            self._save_membership(voter, voters)
+            # Recorded first: a crash in between restarts in the new role with a fresh
+            # replica, never in the old role with an emptied one.
+            self._save_membership(voter, voters, self.store.next_replica())
             self.store.reopen(self.raft_self if voter else None, voters)
 
     def handle_remove(self, name: str) -> dict:
@@ -244,12 +247,25 @@ class ClusterLink:
         self.node = node
         self._thread = threading.Thread(target=self._report_loop, name="mtgpu-reports", daemon=True)
         self._thread.start()
+        # Its own thread: a step may wait seconds for a commit or a member, and reports
+        # (which keep this member's jobs' lease fresh) must not wait for it.
+        self._keeper_thread = threading.Thread(target=self._keeper_loop, name="mtgpu-voters", daemon=True)
+        self._keeper_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        for thread in (self._thread, self._keeper_thread):
+            if thread:
+                thread.join(timeout=5)
         self._http.close()
+
+    def _keeper_loop(self) -> None:
+        while not self._stop.wait(REPORT_EVERY_S):
+            try:
+                if self.store.is_leader():
+                    self.keeper.step(self._leader_since)
+            except Exception:  # never let one bad step end the thread
+                log.exception("voters: the step failed")
 
     def _report_loop(self) -> None:
         while not self._stop.wait(REPORT_EVERY_S):
@@ -265,7 +281,6 @@ class ClusterLink:
         if self.store.is_leader():
             self._last_report_ok = time.monotonic()
             self._no_leader_since = 0.0
-            self.keeper.step(self._leader_since)
             return
         leader = self.leader_api()
         if leader is None:
@@ -280,7 +295,7 @@ class ClusterLink:
             "gpus": [g.to_dict() for g in tel.gpus],
             "host": tel.host.to_dict() if tel.host else None,
             "raft": {"voter": store.is_voter(), "applied": store.applied_index(), "caught_up": store.caught_up(),
-                     "generation": store.generation},
+                     "generation": store.generation, "boot": store.boot},
         }, timeout_s=2.0)
         self._last_report_ok = time.monotonic()
         self._check_counted(answer.get("voters"))
@@ -394,10 +409,10 @@ def open_cluster_node(config: Config, agent: LocalAgent) -> Node:
     secret = load_or_create_secret(config, founding_alone)
     link = ClusterLink(config, secret)
     state_dir = Path(config.STATE_DIR)
-    voter, voters = link.membership(state_dir)
+    voter, voters, replica = link.membership(state_dir)
     node_holder: list[Node] = []
     store = RaftState(state_dir / "cluster", link.raft_self if voter else None, voters, secret,
-                      on_applied=lambda cmd, res: node_holder and node_holder[0].wake())
+                      on_applied=lambda cmd, res: node_holder and node_holder[0].wake(), replica=replica)
     link.store = store
     node = Node(config, agent, store, cluster=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
     node_holder.append(node)

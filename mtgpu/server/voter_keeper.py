@@ -1,13 +1,21 @@
 """On the scheduler: carry out voter_policy's steps (Raft membership changes, role
 calls to members, leadership transfers), one at a time, from the report thread.
 
-A promotion proposes the new voter to Raft, then tells the member to reopen its
-replica as a voter (the cluster may need its vote to commit the change: from one
-voter to two), then waits for the commit. A demotion tells the member to reopen as
-a non-voting member first (it stops voting at once) and then takes it out of the
-configuration. Any failure leaves a state the next step repairs: a voter in the
-configuration that runs as a member is taken out (voter_policy), and a member that
-votes although the scheduler does not count it steps down by itself (cluster.py).
+Every step first commits a barrier (an entry that changes nothing): pysyncobj puts
+a membership change in force as soon as it is appended and does not itself refuse a
+second one while the first is pending, and committing the barrier commits every
+entry before it. So at most one change is ever pending, and a step whose barrier
+does not commit is not taken.
+
+A promotion tells the member to reopen its replica as a voter first (outside the
+configuration nobody talks to it, so it cannot vote yet), then proposes it to Raft
+(the cluster may need its vote to commit: from one voter to two), and takes the
+change back at once if it does not commit. A demotion takes the member out of the
+configuration first, committed, and only then tells it to reopen as a non-voting
+member with an emptied log: a log the cluster still counts on is never emptied.
+Any failure leaves a state the next step repairs: a voter in the configuration that
+runs as a member is taken out (voter_policy), and a member that votes although the
+scheduler does not count it steps down by itself (cluster.py).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from ..state import commands as C
 from ..state.raft import ReplicationError
 from .addresses import advertised, raft_address
 from .cluster_errors import ClusterSetupError
@@ -38,6 +47,7 @@ class RoleReport:
     applied: int
     caught_up: bool
     generation: int
+    boot: str
     lag: int
     at: float
 
@@ -46,7 +56,7 @@ class VoterKeeper:
     def __init__(self, link) -> None:
         self.link = link
         self.roles: dict[str, RoleReport] = {}
-        self._min_generation: dict[str, int] = {}
+        self._min_generation: dict[str, tuple[str, int]] = {}  # name -> (boot, generation) it answered
         self._next_at = 0.0
 
     # ------------------------------------------------------------ what members say
@@ -57,7 +67,14 @@ class VoterKeeper:
         applied = int(raft.get("applied", 0))
         self.roles[name] = RoleReport(voter=bool(raft.get("voter")), applied=applied,
                                       caught_up=bool(raft.get("caught_up")), generation=int(raft.get("generation", 0)),
-                                      lag=store.commit_index() - applied, at=time.monotonic())
+                                      boot=str(raft.get("boot", "")), lag=store.commit_index() - applied,
+                                      at=time.monotonic())
+
+    def _current(self, name: str, r: RoleReport) -> bool:
+        """Whether a report was sent after the member's last role change we caused
+        (a report of a later start of the member always is)."""
+        seen = self._min_generation.get(name)
+        return seen is None or r.boot != seen[0] or r.generation >= seen[1]
 
     def member_states(self) -> list[MemberState]:
         link = self.link
@@ -74,7 +91,7 @@ class VoterKeeper:
                 role, settled = "voter", True
             else:
                 r = self.roles.get(rec.name)
-                if r is not None and mono - r.at < REPORT_FRESH_S and r.generation >= self._min_generation.get(rec.name, 0):
+                if r is not None and mono - r.at < REPORT_FRESH_S and self._current(rec.name, r):
                     role = "voter" if r.voter else "member"
                     settled = r.caught_up and r.lag < CAUGHT_UP_ENTRIES
             states.append(MemberState(name=rec.name, raft=raft_address(rec.address), capability=capability(rec),
@@ -87,6 +104,7 @@ class VoterKeeper:
         mono = time.monotonic()
         if not store.is_leader() or mono - leader_since < SETTLE_S or mono < self._next_at:
             return
+        term = store.term()
         plan = plan_voters(self.member_states(), set(store.voters()), link.node_name)
         if plan is None:
             return
@@ -95,27 +113,40 @@ class VoterKeeper:
         try:
             if plan.action == "transfer":
                 store.transfer_leadership(plan.raft)
-            elif plan.action == "remove":
+                return
+            # Every earlier membership change is committed, and we still lead in the
+            # term the step was planned in.
+            store.apply(C.command(C.CLUSTER_BARRIER, at=link.node.clock()), timeout_s=5.0)
+            if not store.is_leader() or store.term() != term:
+                return
+            if plan.action == "remove":
                 store.remove_voter(plan.raft)
             elif plan.action == "promote":
+                if not self._tell(plan.name, True, sorted(set(store.voters()) | {plan.raft}), term):
+                    return
                 wait = store.add_voter_async(plan.raft)
-                voters = sorted(set(store.voters()) | {plan.raft})
-                self._tell(plan.name, True, voters)
-                wait(15.0)
+                try:
+                    wait(15.0)
+                except ReplicationError:
+                    store.remove_voter(plan.raft)  # back to a configuration that commits without it
+                    raise
             elif plan.action == "demote":
-                self._tell(plan.name, False, sorted(set(store.voters()) - {plan.raft}))
                 store.remove_voter(plan.raft)
+                self._tell(plan.name, False, sorted(store.voters()), term)
         except (ReplicationError, ClusterSetupError, httpx.HTTPError) as e:
             log.warning("voters: %s %s did not complete: %s (the next step repairs it)", plan.action, plan.name, e)
 
-    def _tell(self, name: str, voter: bool, voters: list[str]) -> None:
-        rec = self.link.store.machine.nodes.get(name)
-        if rec is None or not rec.address:
-            raise ClusterSetupError(f"{name} has no address")
+    def _tell(self, name: str, voter: bool, voters: list[str], term: int) -> bool:
+        """Ask the member to reopen in its new role; whether it did."""
+        store = self.link.store
+        rec = store.machine.nodes.get(name)
+        if rec is None or not rec.address or not store.is_leader() or store.term() != term:
+            return False
         try:
             r = self.link.call(advertised(rec.address), "POST", "/cluster/v1/role",
-                               {"voter": voter, "voters": voters, "term": self.link.store.term()}, timeout_s=20.0)
+                               {"voter": voter, "voters": voters, "term": term}, timeout_s=20.0)
         except (httpx.HTTPError, ClusterSetupError) as e:
             log.warning("voters: could not tell %s to reopen as a %s: %s", name, "voter" if voter else "member", e)
-            return
-        self._min_generation[name] = int(r.get("generation", 0))
+            return False
+        self._min_generation[name] = (str(r.get("boot", "")), int(r.get("generation", 0)))
+        return bool(r.get("voter")) == voter

@@ -33,6 +33,7 @@ JOB_FINISH = "job.finish.v1"
 JOB_CANCEL = "job.cancel.v1"
 JOB_REQUEUE = "job.requeue.v1"
 JOB_FORGET = "job.forget.v1"
+CLUSTER_BARRIER = "cluster.barrier.v1"
 
 ALL_COMMANDS = (
     TENANT_ENSURE,
@@ -56,6 +57,7 @@ ALL_COMMANDS = (
     JOB_CANCEL,
     JOB_REQUEUE,
     JOB_FORGET,
+    CLUSTER_BARRIER,
 )
 
 

@@ -139,6 +139,7 @@ class StateMachine(TenantCommands):
             C.JOB_CANCEL: self._job_cancel,
             C.JOB_REQUEUE: self._job_requeue,
             C.JOB_FORGET: self._job_forget,
+            C.CLUSTER_BARRIER: self._barrier,
         }
 
     # ---------------------------------------------------------------- apply
@@ -399,6 +400,12 @@ class StateMachine(TenantCommands):
         job.reason = reason
         self._queued[job_id] = None
         return {"attempt": job.attempt}
+
+    def _barrier(self, at: float = 0.0) -> dict:
+        """Changes nothing. The scheduler commits one before it changes the Raft
+        membership: committing it commits every entry before it, so no two membership
+        changes are ever pending at once."""
+        return {}
 
     def _job_forget(self, job_id: int, at: float = 0.0) -> dict:
         job = self._job(job_id)

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import logging
+import secrets
 import threading
 from pathlib import Path
 
@@ -83,11 +85,19 @@ class _ReplicatedMachine(SyncObjConsumer):
             self.machine = StateMachine.from_dict(data["machine"])
 
 
+UNKNOWN_OUTCOME = ("this member changed its Raft role while the change was in flight: it may or may not "
+                   "have been recorded (look before you repeat it)")
+
+
 class RaftState:
-    """Durable, replicated application of commands; the API mirrors JournaledState."""
+    """Durable, replicated application of commands; the API mirrors JournaledState.
+
+    `replica` names the journal and snapshot files (STATE_DIR/cluster/raft{replica}.*):
+    each reopen starts new ones, so a snapshot still being written for the old
+    replica (pysyncobj forks to write them) can never be loaded by the new one."""
 
     def __init__(self, directory: Path, self_address: str | None, voters: list[str], secret: str,
-                 on_applied=None, fast: bool = True) -> None:
+                 on_applied=None, fast: bool = True, replica: str = "") -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.lock = threading.RLock()
@@ -98,16 +108,32 @@ class RaftState:
         self._tick_jobs: collections.deque = collections.deque()
         self._reopening = False
         self._frozen: tuple[StateMachine, int] | None = None  # (the old state, its last applied index)
-        self.generation = 0  # how many times the replica reopened in another role
+        self.generation = 0  # how many times the replica reopened in another role since this start
+        self.boot = secrets.token_hex(6)  # tells this start's generations from an earlier start's
+        self.replica = replica
+        self._pending: dict[int, object] = {}  # in-flight proposals: failed if the replica reopens
+        self._pending_ids = itertools.count()
+        self._pending_lock = threading.Lock()
+        self._remove_stale_files()
         self._open(self_address, voters)
+
+    def _files(self, replica: str) -> tuple[Path, Path]:
+        return self.directory / f"raft{replica}.journal", self.directory / f"raft{replica}.dump"
+
+    def _remove_stale_files(self) -> None:
+        keep = {p.name for p in self._files(self.replica)}
+        for path in self.directory.glob("raft*"):
+            if path.name not in keep and not any(path.name.startswith(k) for k in keep):
+                path.unlink(missing_ok=True)
 
     def _conf(self, joining: bool = False) -> SyncObjConf:
         fast, secret = self._fast, self._secret
         low, high = JOINING_ELECTION_TIMEOUTS if joining else ELECTION_TIMEOUTS
+        journal, dump = self._files(self.replica)
         return SyncObjConf(
             password=raft_password(secret),
-            journalFile=str(self.directory / "raft.journal"),
-            fullDumpFile=str(self.directory / "raft.dump"),
+            journalFile=str(journal),
+            fullDumpFile=str(dump),
             dynamicMembershipChange=True,
             # One round trip per synchronous write instead of waiting for a batch
             # (~100 ms with batching; see shared/TESTING.md).
@@ -141,29 +167,41 @@ class RaftState:
             except Exception:
                 log.exception("a job on the Raft thread failed")
 
+    def next_replica(self) -> str:
+        """The name the next reopen gives its files (record it before reopening)."""
+        return f"-{self.boot}-{self.generation + 1}"
+
     def reopen(self, self_address: str | None, voters: list[str]) -> None:
         """Take the role of a voter (self_address) or of a non-voting member (None)
-        with a fresh replica; see the module's docstring. Not from pysyncobj's thread."""
+        with a fresh replica named next_replica(); see the module's docstring. Not from
+        pysyncobj's thread."""
         with self._role_lock:
             frozen = self._frozen or (self._consumer.machine, self._sync.raftLastApplied)
-            before = (self.self_address, self.voters())
             self._reopening = True
             try:
                 self._sync.destroy_synchronous()
+                self._fail_pending()
                 self._frozen = frozen
-                for path in self.directory.glob("raft.*"):
-                    path.unlink()
+                self.replica = self.next_replica()
+                self.generation += 1
+                self._remove_stale_files()
                 try:
                     self._open(self_address, voters, joining=self_address is not None)
                 except Exception:
-                    log.exception("the replica could not reopen in its new role; it reopens in its old one")
-                    self._open(*before)
+                    # Never a voter with an emptied log: a non-voting member fetches everything.
+                    log.exception("the replica could not reopen in its new role; it reopens as a non-voting member")
+                    self._open(None, voters)
                     raise
-                self.generation += 1
             finally:
                 self._reopening = False
         log.info("the replica reopened as a %s; it fetches the state from the leader",
                  "voter" if self_address else "non-voting member")
+
+    def _fail_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        for callback in pending.values():
+            callback(None, ReplicationError(UNKNOWN_OUTCOME))
 
     def caught_up(self) -> bool:
         """Whether the replica serves its own state (no reopen is still catching up)."""
@@ -180,8 +218,9 @@ class RaftState:
     # ------------------------------------------------------------------ the store API
     @property
     def machine(self) -> StateMachine:
-        if self._frozen is not None and not self.caught_up():
-            return self._frozen[0]
+        frozen = self._frozen
+        if frozen is not None and not self.caught_up():
+            return frozen[0]
         return self._consumer.machine
 
     def applied_index(self) -> int:
@@ -191,40 +230,52 @@ class RaftState:
         return self._sync.raftCommitIndex
 
     def apply(self, command: dict, timeout_s: float = 10.0) -> dict:
-        if self._reopening:
-            raise ReplicationError("this member is changing its Raft role right now; try again in a moment")
-        try:
-            result = self._consumer.apply_command(command, sync=True, timeout=timeout_s)
-        except SyncObjException as e:
-            code = e.errorCode
-            if code == "Timeout":
-                raise ReplicationError("the cluster did not commit the change in time (no quorum reachable?)") from None
-            if code == FAIL_REASON.MISSING_LEADER:
-                raise ReplicationError("the cluster has no leader right now (an election is running, or this "
-                                       "member cannot reach a majority of the voters)") from None
-            raise ReplicationError(f"the cluster refused the change (reason {code})") from None
-        if result is None:
-            raise ReplicationError("the change was not applied")
+        done = threading.Event()
+        outcome: list = []
+
+        def callback(result, error):
+            outcome.append((result, error))
+            done.set()
+
+        self.apply_async(command, callback)
+        if not done.wait(timeout_s):
+            raise ReplicationError("the cluster did not commit the change in time (no quorum reachable?)")
+        result, error = outcome[0]
+        if error is not None:
+            raise error
         return result
 
     def apply_async(self, command: dict, callback) -> None:
-        """Propose `command` without waiting; callback(result, error) runs once it is
-        committed and applied (error is a ReplicationError, or None)."""
+        """Propose `command` without waiting; callback(result, error) runs exactly once,
+        when it is committed and applied (error None) or failed (a ReplicationError)."""
+        if self._reopening:
+            callback(None, ReplicationError("this member is changing its Raft role right now; try again in a moment"))
+            return
+        key = next(self._pending_ids)
+        with self._pending_lock:
+            self._pending[key] = callback
 
         def done(result, fail_reason):
+            with self._pending_lock:
+                if self._pending.pop(key, None) is None:
+                    return  # already failed by a reopen
             if fail_reason == FAIL_REASON.SUCCESS and result is not None:
                 callback(result, None)
+            elif fail_reason == FAIL_REASON.MISSING_LEADER:
+                callback(None, ReplicationError("the cluster has no leader right now (an election is running, or "
+                                                "this member cannot reach a majority of the voters)"))
             else:
                 callback(None, ReplicationError(f"the cluster did not commit the change (reason {fail_reason})"))
 
-        if self._reopening:
-            callback(None, ReplicationError("this member is changing its Raft role right now"))
-            return
-        self._consumer.apply_command(command, callback=done)
+        try:
+            self._consumer.apply_command(command, callback=done)
+        except SyncObjException as e:
+            done(None, e.errorCode)
 
     def close(self) -> None:
         with self._role_lock:
-            self._sync.destroy()
+            self._sync.destroy_synchronous()
+            self._fail_pending()
 
     # ------------------------------------------------------------------ roles
     def is_leader(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import threading
 import time
 
 import pytest
@@ -80,5 +81,39 @@ def test_promote_and_demote_keep_the_state_and_the_majority(tmp_path):
         stores.pop(leader.self_address)
     finally:
         for s in stores.values():
+            with contextlib.suppress(Exception):
+                s.close()
+
+
+def test_proposals_in_flight_when_a_member_reopens_all_get_an_answer(tmp_path):
+    secret = secrets.token_urlsafe(48)
+    addrs = [f"127.0.0.1:{free_port_pair()}" for _ in range(4)]
+    voters = addrs[:3]
+    stores = [RaftState(tmp_path / str(i), a if a in voters else None, voters, secret) for i, a in enumerate(addrs)]
+    member = stores[3]
+    try:
+        leader_of(stores[:3])
+        register(member, "first")
+        answers: list[tuple[int, object]] = []
+        lock = threading.Lock()
+
+        def answer(k):
+            def callback(result, error):
+                with lock:
+                    answers.append((k, result if error is None else error))
+            return callback
+
+        for k in range(200):
+            member.apply_async(C.command(C.NODE_REGISTER, name=f"x{k}", at=1.0, gpus=[], cpus=1.0,
+                                         mem_total_bytes=1 << 30), answer(k))
+        member.reopen(None, voters)
+        wait_for("every proposal to be answered", lambda: len(answers) == 200, timeout_s=15)
+        assert sorted(k for k, _ in answers) == list(range(200))  # each exactly once
+        unknown = [a for _, a in answers if isinstance(a, ReplicationError)]
+        assert unknown and all("may or may not have been recorded" in str(e) for e in unknown)
+        register(member, "after-reopen")  # the reopened member proposes again
+        wait_for("the member to see it", lambda: "after-reopen" in member.machine.nodes)
+    finally:
+        for s in stores:
             with contextlib.suppress(Exception):
                 s.close()
