@@ -145,6 +145,14 @@ class LocalAgent:
     def gpu_indices(self) -> list[int]:
         return [g.index for g in self._last_gpus]
 
+    def recorded_attempt(self, job_id: int) -> int | None:
+        """The attempt of this job a run record on disk says was started here (by this
+        server or an earlier one), or None."""
+        if job_id in self._active:
+            return self._active[job_id]
+        record = self._load(self._dir / f"{job_id}.json")
+        return record.get("attempt") if record else None
+
     def reattach(self, job_ids: list[int]) -> list[Reattach]:
         """After a restart: find out, for each job the state says runs here, what became of it."""
         results = []

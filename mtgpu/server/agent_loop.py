@@ -61,6 +61,9 @@ class AgentLoop:
     def recover(self) -> None:
         """Re-attach to the ranks that were running here when this server stopped."""
         mine = {j.id: j for j in self.store.machine.running_jobs() if self._my_rank(j) is not None}
+        self._reattach(mine)
+
+    def _reattach(self, mine: dict[int, Job]) -> None:
         for r in self.agent.reattach(sorted(mine)):
             job = mine[r.job_id]
             rank = self._my_rank(job)
@@ -113,9 +116,14 @@ class AgentLoop:
                 self._queue_report(job, rank, state="failed",
                                    reason=f"time limit {format_duration(limit)} reached; the job was stopped")
         self._send_reports()
-        # Start what should run here.
+        # Start what should run here. A run of the same attempt recorded on disk was
+        # started by an earlier life of this server whose state had not arrived when it
+        # recovered (e.g. a restart while its replica was being refilled): re-attach it.
         for job_id, (job, rank) in wanted.items():
             if job_id in active or started_attempts.get(job_id) == job.attempt or str(rank) in job.rank_exits:
+                continue
+            if self.agent.recorded_attempt(job_id) == job.attempt:
+                self._reattach({job_id: job})
                 continue
             self._start(job, rank)
         jobs_known = len(self.store.machine.jobs)

@@ -391,3 +391,33 @@ def test_a_dead_voter_is_replaced_and_votes_again_once_it_is_back(alice):
                 assert wait_for(f"{member_name(m)} to know the scheduler", lambda c=c: c.health()["scheduler"])
         jid = victim.submit_json(alice, "--gpus", "1", "--wrap", "true")["job_id"]
         assert victim.wait_state(jid, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
+
+
+def test_a_member_restarted_with_an_emptied_replica_reattaches_its_running_job(alice):
+    with running_cluster(4, down_after_s=30.0) as cl:
+        m0, m3 = cl.members[0], cl.members[3]
+        wait_for("m3 to be a non-voting member", lambda: {n["name"]: n["role"] for n in nodes_json(m0)}["m3"] == "member",
+                 timeout_s=60)
+        marks = marks_dir(alice, "marks-refill")
+        flag = Path(alice.home) / "go-refill"
+        script = (f"#!/bin/bash\n#MTGPU gpus=1 server=m3\necho $$ >> {marks}/$MTGPU_JOB_ID\n"
+                  f"while [ ! -e {flag} ]; do sleep 0.05; done\n")
+        jid = m0.submit_json(alice, script=script)["job_id"]
+        m0.wait_state(jid, "running")
+        pid = int(wait_for("the job's pid", lambda: (marks / str(jid)).exists() and (marks / str(jid)).read_text().strip()))
+        # A crash right after it recorded a promotion that never took place: it restarts
+        # as a voter nobody counts, with no Raft journal at all, so its state stays empty
+        # until it has stepped down and the leader has refilled it.
+        m3.terminate()
+        for path in (m3.state_dir / "cluster").glob("raft*"):
+            path.unlink()
+        record = m3.state_dir / "cluster" / "membership.json"
+        m = json.loads(record.read_text())
+        record.write_text(json.dumps({**m, "voter": True, "voters": m["voters"] + [f"127.0.0.1:{m3.port + 1}"]}))
+        m3.start(timeout_s=60)
+        wait_for("m3 to step down to a member", lambda: json.loads(record.read_text())["voter"] is False, timeout_s=60)
+        time.sleep(3)
+        assert Path(f"/proc/{pid}").exists(), "the running job was stopped"
+        flag.touch()
+        assert m0.wait_state(jid, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
+        assert (marks / str(jid)).read_text().split() == [str(pid)], "the job ran a second time"
