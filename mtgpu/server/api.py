@@ -199,7 +199,10 @@ def add_cluster_routes(app: FastAPI, service: NodeService) -> None:
     @app.post("/cluster/v1/report")
     async def report(request: Request) -> dict:
         body = await verified(request)
-        return link.handle_report(json.loads(body))
+        try:
+            return link.handle_report(json.loads(body))
+        except ReplicationError as e:
+            raise ServiceError(503, str(e)) from None
 
     @app.post("/cluster/v1/role")
     async def role(request: Request) -> dict:

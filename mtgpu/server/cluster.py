@@ -116,12 +116,12 @@ class ClusterLink:
         self._stop = threading.Event()
         self._last_report_ok = 0.0
         self._pending_cache: tuple[float, dict[int, str]] = (0.0, {})
-        self._leader_since = 0.0
         self._thread: threading.Thread | None = None
         self._keeper_thread: threading.Thread | None = None
         self.keeper = VoterKeeper(self)
         self._role_lock = threading.Lock()
         self._not_counted = 0          # reports in a row whose answer did not count this voter
+        self._role_term = 0            # the newest term a role change came from (kept across reopens)
         self._no_leader_since = 0.0
         self._found_leader: tuple[float, str | None] = (0.0, None)
 
@@ -145,6 +145,7 @@ class ClusterLink:
         self._membership_path = path = state_dir / "cluster" / "membership.json"
         if path.exists():
             m = json.loads(path.read_text())
+            self._role_term = int(m.get("role_term", 0))
             return m["voter"], m["voters"], m.get("replica", "")
         peers = [advertised(p) for p in self.config.PEERS]
         if not peers or self.listen in peers:
@@ -160,7 +161,8 @@ class ClusterLink:
         path = self._membership_path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"voter": voter, "voters": voters, "replica": replica}))
+        tmp.write_text(json.dumps({"voter": voter, "voters": voters, "replica": replica,
+                                   "role_term": self._role_term}))
         os.replace(tmp, path)
 
     def _join(self, peers: list[str]) -> tuple[bool, list[str]]:
@@ -192,8 +194,10 @@ class ClusterLink:
 
     def handle_role(self, voter: bool, voters: list[str], term: int) -> dict:
         """On a member, told by the scheduler: reopen the replica as a voter or a member."""
-        if term < self.store.term():
-            raise ClusterSetupError(f"a role change from term {term}, older than this member's {self.store.term()}")
+        floor = max(self.store.term(), self._role_term)
+        if term < floor:
+            raise ClusterSetupError(f"a role change from term {term}, older than this member's {floor}")
+        self._role_term = term
         self._take_role(voter, voters)
         return {"generation": self.store.generation, "boot": self.store.boot, "voter": self.store.is_voter()}
 
@@ -227,7 +231,7 @@ class ClusterLink:
                                     "finish (or stop the member so it is marked down) first")
         raft = raft_address(rec.address)
         if raft in self.store.voters():
-            self.store.remove_voter(raft)
+            self.keeper.remove_now(raft)
         r = self.store.apply(C.command(C.NODE_REMOVE, name=name, at=self.node.clock()))
         if not r["ok"]:
             raise ClusterSetupError(r["error"])
@@ -263,7 +267,7 @@ class ClusterLink:
         while not self._stop.wait(REPORT_EVERY_S):
             try:
                 if self.store.is_leader():
-                    self.keeper.step(self._leader_since)
+                    self.keeper.step()
             except Exception:  # never let one bad step end the thread
                 log.exception("voters: the step failed")
 
@@ -344,10 +348,11 @@ class ClusterLink:
                             host=HostInfo.from_dict(payload["host"]) if payload.get("host") else None,
                             reported_at=self.node.clock())
         self.node.scheduler.report(payload["node"], tel)
+        if not self.store.is_leader():
+            # A member that still takes us for the scheduler must not count itself in touch.
+            raise ReplicationError("this member does not schedule (any more); ask the cluster who does")
         self.keeper.on_report(payload["node"], payload.get("raft"))
         self.node.wake()
-        if not self.store.is_leader():
-            return {"ok": True}
         return {"ok": True, "voters": self.store.voters(), "term": self.store.term()}
 
     def in_touch(self) -> bool:
@@ -358,15 +363,6 @@ class ClusterLink:
         return time.monotonic() - self._last_report_ok < 3 * REPORT_EVERY_S
 
     # ------------------------------------------------------------ the scheduler's duties
-    def maintain(self) -> None:
-        """On the scheduler, every pass: note since when it leads (the keeper, run from
-        the report thread, waits for a round of reports before it changes anything)."""
-        if not self._leader_since:
-            self._leader_since = time.monotonic()
-
-    def lost_leadership(self) -> None:
-        self._leader_since = 0.0
-
     # ------------------------------------------------------------ reads from other members
     def pending_reasons(self) -> dict[int, str]:
         at, cached = self._pending_cache

@@ -129,13 +129,9 @@ class Node:
                 spent = time.monotonic() - t0
                 rest = (2 if self.scheduler.placements > placed else 5) * spent
                 self._next_schedule_at = t0 + spent + min(TICK_S, rest) if spent > 0.002 else 0.0
-            if self.cluster is not None:
-                self.cluster.maintain()
         elif self.scheduler.epoch is not None:
             log.info("%s no longer schedules", self.node_name)
             self.scheduler.step_down()
-            if self.cluster is not None:
-                self.cluster.lost_leadership()
         if self.lease is not None and self.cluster is not None and self.cluster.in_touch():
             self.lease.renew()
         tel = self.local_telemetry

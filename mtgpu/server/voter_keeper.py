@@ -21,6 +21,7 @@ scheduler does not count it steps down by itself (cluster.py).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ STEP_EVERY_S = 2.0       # at most one membership step this often
 TRANSFER_EVERY_S = 5.0
 REPORT_FRESH_S = 3.0
 CAUGHT_UP_ENTRIES = 2000  # a replica this close behind the commit index counts as caught up
+CONNECT_WITHIN_S = 2.5   # a new voter must link up before the leader's quorum check gives up (3 s)
 
 
 @dataclass
@@ -58,6 +60,9 @@ class VoterKeeper:
         self.roles: dict[str, RoleReport] = {}
         self._min_generation: dict[str, tuple[str, int]] = {}  # name -> (boot, generation) it answered
         self._next_at = 0.0
+        self._term = -1          # the term this keeper last saw itself lead in, and since when
+        self._since = 0.0
+        self.lock = threading.Lock()  # one membership change at a time, also an admin's removal
 
     # ------------------------------------------------------------ what members say
     def on_report(self, name: str, raft: dict | None) -> None:
@@ -99,12 +104,27 @@ class VoterKeeper:
         return states
 
     # ------------------------------------------------------------ acting
-    def step(self, leader_since: float) -> None:
+    def step(self) -> None:
+        with self.lock:
+            self._step()
+
+    def remove_now(self, raft: str) -> None:
+        """An admin's removal of a member: the same barrier and lock as a step."""
+        with self.lock:
+            store = self.link.store
+            store.apply(C.command(C.CLUSTER_BARRIER, at=self.link.node.clock()), timeout_s=5.0)
+            store.remove_voter(raft)
+
+    def _step(self) -> None:
         link, store = self.link, self.link.store
         mono = time.monotonic()
-        if not store.is_leader() or mono - leader_since < SETTLE_S or mono < self._next_at:
-            return
         term = store.term()
+        if not store.is_leader():
+            return
+        if term != self._term:  # newly leading: first collect a round of reports
+            self._term, self._since = term, mono
+        if mono - self._since < SETTLE_S or mono < self._next_at:
+            return
         plan = plan_voters(self.member_states(), set(store.voters()), link.node_name)
         if plan is None:
             return
@@ -126,6 +146,13 @@ class VoterKeeper:
                     return
                 wait = store.add_voter_async(plan.raft)
                 try:
+                    # From one voter to two the change needs the new voter: if it does not
+                    # link up at once, take the change back while this member still leads.
+                    deadline = time.monotonic() + CONNECT_WITHIN_S
+                    while not store.is_connected(plan.raft) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    if not store.is_connected(plan.raft):
+                        raise ReplicationError(f"{plan.name} did not link up as a voter within {CONNECT_WITHIN_S:g}s")
                     wait(15.0)
                 except ReplicationError:
                     store.remove_voter(plan.raft)  # back to a configuration that commits without it

@@ -32,6 +32,7 @@ import threading
 from pathlib import Path
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
 
 from .machine import StateMachine
@@ -177,7 +178,8 @@ class RaftState:
         pysyncobj's thread."""
         with self._role_lock:
             frozen = self._frozen or (self._consumer.machine, self._sync.raftLastApplied)
-            self._reopening = True
+            with self._pending_lock:  # no proposal slips in between this and _fail_pending
+                self._reopening = True
             try:
                 self._sync.destroy_synchronous()
                 self._fail_pending()
@@ -248,12 +250,15 @@ class RaftState:
     def apply_async(self, command: dict, callback) -> None:
         """Propose `command` without waiting; callback(result, error) runs exactly once,
         when it is committed and applied (error None) or failed (a ReplicationError)."""
-        if self._reopening:
-            callback(None, ReplicationError("this member is changing its Raft role right now; try again in a moment"))
-            return
         key = next(self._pending_ids)
         with self._pending_lock:
-            self._pending[key] = callback
+            reopening = self._reopening
+            if not reopening:
+                self._pending[key] = callback
+                consumer = self._consumer
+        if reopening:
+            callback(None, ReplicationError("this member is changing its Raft role right now; try again in a moment"))
+            return
 
         def done(result, fail_reason):
             with self._pending_lock:
@@ -268,9 +273,11 @@ class RaftState:
                 callback(None, ReplicationError(f"the cluster did not commit the change (reason {fail_reason})"))
 
         try:
-            self._consumer.apply_command(command, callback=done)
+            consumer.apply_command(command, callback=done)
         except SyncObjException as e:
             done(None, e.errorCode)
+        except Exception as e:  # e.g. the replica closed under us: answer, never hang
+            done(None, f"{type(e).__name__}: {e}")
 
     def close(self) -> None:
         with self._role_lock:
@@ -300,6 +307,10 @@ class RaftState:
 
     def is_voter(self) -> bool:
         return self.self_address is not None
+
+    def is_connected(self, address: str) -> bool:
+        """Whether the Raft link to the voter at `address` is up."""
+        return self._sync.isNodeConnected(TCPNode(address))
 
     def add_voter(self, address: str, timeout_s: float = 10.0) -> None:
         self._wait_membership(self._sync.addNodeToCluster, address, timeout_s)

@@ -194,6 +194,11 @@ def test_a_member_without_the_secret_is_refused():
         headers = Signer(cl.secret_path.read_text().strip()).headers("POST", "/cluster/v1/role", bad, "m0")
         r = httpx.post(url, content=bad, headers=headers)
         assert r.status_code == 422 and "voters" in r.text
+        # A role change from an older term (a deposed scheduler's late call) is refused.
+        old = json.dumps({"voter": False, "voters": [], "term": 0}).encode()
+        headers = Signer(cl.secret_path.read_text().strip()).headers("POST", "/cluster/v1/role", old, "m0")
+        r = httpx.post(url, content=old, headers=headers)
+        assert r.status_code == 409 and "older" in r.text
         assert target.client().health()["raft"]["voter"] is True
 
 
