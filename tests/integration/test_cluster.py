@@ -324,7 +324,12 @@ def test_votes_and_the_scheduler_move_to_the_most_capable_members_without_stoppi
         script = (f"#!/bin/bash\n#MTGPU gpus=1\necho $MTGPU_NODE >> {marks}/$MTGPU_JOB_ID\n"
                   f"while [ ! -e {flag} ]; do sleep 0.05; done\n")
         ids = [m0.submit_json(alice, script=script)["job_id"] for _ in range(6)]
-        wait_for("six jobs running, two per member", lambda: all(m0.job(j)["state"] == "running" for j in ids))
+        try:
+            wait_for("six jobs running, two per member", lambda: all(m0.job(j)["state"] == "running" for j in ids),
+                     timeout_s=60)
+        except AssertionError:
+            raise AssertionError(f"jobs: {[(m0.job(j)['state'], m0.job(j).get('reason')) for j in ids]}; "
+                                 f"nodes: {nodes_json(m0)}") from None
 
         def roles(member) -> dict[str, str]:
             return {n["name"]: n["role"] for n in nodes_json(member)}
