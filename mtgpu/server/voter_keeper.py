@@ -1,5 +1,5 @@
 """On the scheduler: carry out voter_policy's steps (Raft membership changes, role
-calls to members, leadership transfers), one at a time, from the report thread.
+calls to members, leadership transfers), one at a time, from its own thread (`mtgpu-voters`).
 
 Every step first commits a barrier (an entry that changes nothing): pysyncobj puts
 a membership change in force as soon as it is appended and does not itself refuse a
