@@ -11,9 +11,9 @@ import typer
 from rich.table import Table
 
 from ..agent.telemetry.simulated import default_override_path, write_simulated_load
-from ..client.local import ClientError, LocalClient, find_socket
+from ..client.local import LocalClient, find_socket
 from ..model.units import UnitError, parse_size
-from .common import fail, out, print_json, print_jobs_table, size, when
+from .common import fail, out, print_json, print_jobs_table, request, size, when
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 nodes_app = typer.Typer(add_completion=False, help="The cluster's nodes.", invoke_without_command=True)
@@ -25,11 +25,7 @@ def nodes_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     """List nodes with role, state, GPUs and live use (`nodes drain NAME`, `nodes resume NAME`)."""
     if ctx.invoked_subcommand is not None:
         return
-    try:
-        with LocalClient() as c:
-            nodes = c.nodes()
-    except ClientError as e:
-        fail(e)
+    nodes = request(LocalClient, lambda c: c.nodes())
     if json_out:
         print_json(nodes)
         return
@@ -60,33 +56,21 @@ def nodes_list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
 @nodes_app.command("drain")
 def drain(name: str, reason: str = typer.Option("", "--reason")) -> None:
     """Stop new placements on NAME; its running jobs finish."""
-    try:
-        with LocalClient() as c:
-            c.drain(name, reason)
-    except ClientError as e:
-        fail(e)
+    request(LocalClient, lambda c: c.drain(name, reason))
     out.print(f"node {name} drained")
 
 
 @nodes_app.command("resume")
 def resume(name: str) -> None:
     """Undo `drain`."""
-    try:
-        with LocalClient() as c:
-            c.resume(name)
-    except ClientError as e:
-        fail(e)
+    request(LocalClient, lambda c: c.resume(name))
     out.print(f"node {name} resumed")
 
 
 @nodes_app.command("remove")
 def remove(name: str) -> None:
     """Take member NAME out of the cluster (it must run no job: drain it first). Stop its server afterwards."""
-    try:
-        with LocalClient() as c:
-            c.remove_node(name)
-    except ClientError as e:
-        fail(e)
+    request(LocalClient, lambda c: c.remove_node(name))
     out.print(f"member {name} removed from the cluster")
 
 
@@ -102,11 +86,7 @@ def tenant_invite(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Authorize a person: prints a one-time invite code for `remotegpu-cli join CODE --server HOST:PORT`."""
-    try:
-        with LocalClient() as c:
-            r = c.invite(name, list(cluster), days * 86400.0)
-    except ClientError as e:
-        fail(e)
+    r = request(LocalClient, lambda c: c.invite(name, list(cluster), days * 86400.0))
     if json_out:
         print_json(r)
     else:
@@ -118,11 +98,7 @@ def tenant_invite(
 @tenant_app.command("list")
 def tenant_list(json_out: bool = typer.Option(False, "--json")) -> None:
     """Every tenant with uid/gid, clusters and last activity."""
-    try:
-        with LocalClient() as c:
-            rows = c.tenants()
-    except ClientError as e:
-        fail(e)
+    rows = request(LocalClient, lambda c: c.tenants())
     if json_out:
         print_json(rows)
         return
@@ -136,22 +112,14 @@ def tenant_list(json_out: bool = typer.Option(False, "--json")) -> None:
 @tenant_app.command("remove")
 def tenant_remove(name: str) -> None:
     """Remove a tenant (its account and home go from every node; its ids are never reused)."""
-    try:
-        with LocalClient() as c:
-            c.remove_tenant(name)
-    except ClientError as e:
-        fail(e)
+    request(LocalClient, lambda c: c.remove_tenant(name))
     out.print(f"tenant {name} removed")
 
 
 @tenant_app.command("assign")
 def tenant_assign(name: str, cluster: list[str] = typer.Option(..., "--cluster", help="cluster id (repeatable)")) -> None:
     """Set the clusters a tenant may use."""
-    try:
-        with LocalClient() as c:
-            c.assign_tenant(name, list(cluster))
-    except ClientError as e:
-        fail(e)
+    request(LocalClient, lambda c: c.assign_tenant(name, list(cluster)))
     out.print(f"tenant {name}: clusters {', '.join(cluster)}")
 
 
@@ -178,11 +146,7 @@ def retention(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Apply JOB_RETENTION_DAYS and TENANT_RETENTION_DAYS now (the scheduler also does hourly)."""
-    try:
-        with LocalClient() as c:
-            r = c.retention(dry_run=dry_run, as_of=_as_of(as_of))
-    except ClientError as e:
-        fail(e)
+    r = request(LocalClient, lambda c: c.retention(dry_run=dry_run, as_of=_as_of(as_of)))
     if json_out:
         print_json(r)
     else:
@@ -194,13 +158,12 @@ def retention(
 @app.command()
 def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.Option(False, "--json")) -> None:
     """Jobs of all tenants (root or the admin group)."""
-    try:
-        with LocalClient() as c:
-            if not c.whoami()["admin"]:
-                fail("mtgpu-admin jobs needs root or the admin group (ADMIN_GROUP)", 1)
-            rows = c.jobs(all_tenants=True, active_only=active)
-    except ClientError as e:
-        fail(e)
+    def all_jobs(c: LocalClient) -> list[dict]:
+        if not c.whoami()["admin"]:
+            fail("mtgpu-admin jobs needs root or the admin group (ADMIN_GROUP)", 1)
+        return c.jobs(all_tenants=True, active_only=active)
+
+    rows = request(LocalClient, all_jobs)
     if json_out:
         print_json(rows)
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -14,6 +14,7 @@ from ..client.local import ClientError
 from ..model.units import format_size
 
 EXIT_REFUSED = 2
+T = TypeVar("T")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -29,6 +30,16 @@ def fail(e: ClientError | str, status: int | None = None) -> NoReturn:
         status = EXIT_REFUSED if isinstance(e, ClientError) and (e.refused or e.status == 422) else 1
     err.print(f"error: {message}", markup=False)
     raise SystemExit(status)
+
+
+def request(connect: Callable[[], Any], action: Callable[[Any], T]) -> T:
+    """Open a client with `connect()`, run one `action(client)` and close it; a refused
+    request or an unreachable node ends the command with the message (see fail)."""
+    try:
+        with connect() as client:
+            return action(client)
+    except ClientError as e:
+        fail(e)
 
 
 def when(ts: float | None) -> str:

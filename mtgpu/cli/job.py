@@ -15,7 +15,7 @@ import typer
 
 from ..client.local import ClientError, LocalClient
 from ..jobfile import DIRECTIVES
-from .common import err, fail, gpu_text, out, print_json, print_jobs_table, size, when
+from .common import err, fail, gpu_text, out, print_json, print_jobs_table, request, size, when
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -128,11 +128,7 @@ def list_jobs(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Your jobs."""
-    try:
-        with _client() as c:
-            jobs = c.jobs(active_only=active)
-    except ClientError as e:
-        fail(e)
+    jobs = request(_client, lambda c: c.jobs(active_only=active))
     if json_out:
         print_json(jobs)
         return
@@ -142,11 +138,7 @@ def list_jobs(
 @app.command()
 def show(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
     """One job in full, with why it waits or failed."""
-    try:
-        with _client() as c:
-            j = c.job(job_id)
-    except ClientError as e:
-        fail(e)
+    j = request(_client, lambda c: c.job(job_id))
     if json_out:
         print_json(j)
         return
@@ -170,11 +162,7 @@ def show(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def cancel(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
     """Cancel a job (an array's id cancels all its tasks); its whole process tree is stopped."""
-    try:
-        with _client() as c:
-            r = c.cancel(job_id)
-    except ClientError as e:
-        fail(e)
+    r = request(_client, lambda c: c.cancel(job_id))
     if json_out:
         print_json(r)
     else:
@@ -184,11 +172,7 @@ def cancel(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def logs(job_id: int, follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the job ends")) -> None:
     """Print a job's output (stdout and stderr)."""
-    try:
-        with _client() as c:
-            follow_log(c, job_id, follow=follow)
-    except ClientError as e:
-        fail(e)
+    request(_client, lambda c: follow_log(c, job_id, follow=follow))
 
 
 def main() -> None:

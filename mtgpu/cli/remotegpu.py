@@ -16,10 +16,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ..client.local import ClientError
 from ..client.remote import RemoteClient
 from ..client.signing import BadKey, generate_key_pair, load_private_key, public_line
-from .common import fail, out, print_json, print_jobs_table
+from .common import fail, out, print_json, print_jobs_table, request
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -61,6 +60,11 @@ def _client(entry: dict) -> RemoteClient:
     return RemoteClient(entry["server"], entry["tenant"], Path(entry["key"]))
 
 
+def _connect(server: Optional[str]):
+    """What opens the client for `--server` (the first server joined, by default)."""
+    return lambda: _client(_server(server))
+
+
 @app.command()
 def join(
     code: str,
@@ -79,11 +83,7 @@ def join(
             key = private
     except (BadKey, OSError) as e:
         fail(str(e), 2)
-    try:
-        with RemoteClient(server) as c:
-            r = c.join(code, public)
-    except ClientError as e:
-        fail(e)
+    r = request(lambda: RemoteClient(server), lambda c: c.join(code, public))
     entry = {"server": server, "tenant": r["name"], "key": str(key.absolute()), "cluster_id": r["cluster_id"],
              "node": r["node"], "uid": r["uid"]}
     servers = [s for s in _servers() if s["server"] != server] + [entry]
@@ -111,22 +111,14 @@ def servers(json_out: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def whoami(server: Optional[str] = typer.Option(None, "--server"), json_out: bool = typer.Option(False, "--json")) -> None:
     """Ask a server who you are (checks your key)."""
-    try:
-        with _client(_server(server)) as c:
-            r = c.me()
-    except ClientError as e:
-        fail(e)
+    r = request(_connect(server), lambda c: c.me())
     print_json(r) if json_out else out.print(f"{r['name']} (uid {r['uid']}) on {r['cluster_id']}", markup=False)
 
 
 @app.command()
 def jobs(server: Optional[str] = typer.Option(None, "--server"), json_out: bool = typer.Option(False, "--json")) -> None:
     """Your jobs on a server's cluster."""
-    try:
-        with _client(_server(server)) as c:
-            rows = c.jobs()
-    except ClientError as e:
-        fail(e)
+    rows = request(_connect(server), lambda c: c.jobs())
     if json_out:
         print_json(rows)
         return
@@ -144,33 +136,21 @@ def submit(
         script = sys.stdin.read() if str(job_file) == "-" else job_file.read_text()
     except OSError as e:
         fail(f"cannot read {job_file}: {e.strerror}", 2)
-    try:
-        with _client(_server(server)) as c:
-            r = c.submit(script)
-    except ClientError as e:
-        fail(e)
+    r = request(_connect(server), lambda c: c.submit(script))
     print_json(r) if json_out else out.print(f"submitted job {r['job_id']}")
 
 
 @app.command()
 def cancel(job_id: int, server: Optional[str] = typer.Option(None, "--server")) -> None:
     """Cancel one of your jobs."""
-    try:
-        with _client(_server(server)) as c:
-            c.cancel(job_id)
-    except ClientError as e:
-        fail(e)
+    request(_connect(server), lambda c: c.cancel(job_id))
     out.print(f"cancelled {job_id}")
 
 
 @app.command()
 def logs(job_id: int, server: Optional[str] = typer.Option(None, "--server")) -> None:
     """Print one of your jobs' output."""
-    try:
-        with _client(_server(server)) as c:
-            sys.stdout.write(c.log(job_id)["data"])
-    except ClientError as e:
-        fail(e)
+    request(_connect(server), lambda c: sys.stdout.write(c.log(job_id)["data"]))
 
 
 def main() -> None:
