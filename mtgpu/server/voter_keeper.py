@@ -111,9 +111,13 @@ class VoterKeeper:
     def remove_now(self, raft: str) -> None:
         """An admin's removal of a member: the same barrier and lock as a step."""
         with self.lock:
-            store = self.link.store
-            store.apply(C.command(C.CLUSTER_BARRIER, at=self.link.node.clock()), timeout_s=5.0)
-            store.remove_voter(raft)
+            self._barrier()
+            self.link.store.remove_voter(raft)
+
+    def _barrier(self) -> None:
+        """Commit an entry that changes nothing: every membership change before it is
+        then committed too."""
+        self.link.store.apply(C.command(C.CLUSTER_BARRIER, at=self.link.node.clock()), timeout_s=5.0)
 
     def _step(self) -> None:
         link, store = self.link, self.link.store
@@ -136,7 +140,7 @@ class VoterKeeper:
                 return
             # Every earlier membership change is committed, and we still lead in the
             # term the step was planned in.
-            store.apply(C.command(C.CLUSTER_BARRIER, at=link.node.clock()), timeout_s=5.0)
+            self._barrier()
             if not store.is_leader() or store.term() != term:
                 return
             if plan.action == "remove":

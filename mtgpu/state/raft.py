@@ -312,9 +312,6 @@ class RaftState:
         """Whether the Raft link to the voter at `address` is up."""
         return self._sync.isNodeConnected(TCPNode(address))
 
-    def add_voter(self, address: str, timeout_s: float = 10.0) -> None:
-        self._wait_membership(self._sync.addNodeToCluster, address, timeout_s)
-
     def add_voter_async(self, address: str):
         """Propose `address` as a voter; returns wait(timeout_s) that raises
         ReplicationError unless the change was committed. The new voter must be told
@@ -322,7 +319,7 @@ class RaftState:
         return self._membership_async(self._sync.addNodeToCluster, address)
 
     def remove_voter(self, address: str, timeout_s: float = 10.0) -> None:
-        self._wait_membership(self._sync.removeNodeFromCluster, address, timeout_s)
+        self._membership_async(self._sync.removeNodeFromCluster, address)(timeout_s)
 
     def transfer_leadership(self, address: str) -> None:
         """Ask `address` (a caught-up voter) to take over. pysyncobj's transport is not
@@ -332,10 +329,6 @@ class RaftState:
                 log.info("leadership transfer to %s not done now (reason %s); tried again later", address, error)
 
         self._tick_jobs.append(lambda sync: sync.transferLeadership(address, callback=done))
-
-    @classmethod
-    def _wait_membership(cls, call, address: str, timeout_s: float) -> None:
-        cls._membership_async(call, address)(timeout_s)
 
     @staticmethod
     def _membership_async(call, address: str):
