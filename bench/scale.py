@@ -7,11 +7,16 @@ arrays with %K, CPU-only; most with time= limits, some pinned with server=) go
 through `mtgpu.sched.schedule()` once, exactly as the server calls it.
 
     python bench/scale.py [--nodes 10000] [--tenants 5000] [--jobs 100000] [--seed 1] [--json] [--dump FILE]
+                          [--drained]
+
+--drained marks every node drained (as bench/submit_rate.py does): nothing can be
+placed, and the pass measures what deciding a long waiting queue costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import resource
@@ -102,10 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--drained", action="store_true", help="every node drained: only waiting verdicts")
     ap.add_argument("--dump", type=Path, help="write the plan (placements, pending and rejected reasons) to this file")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
-    snapshot = ClusterSnapshot(nodes=make_fleet(args.nodes, rng))
+    fleet = make_fleet(args.nodes, rng)
+    if args.drained:
+        fleet = [dataclasses.replace(n, schedulable=False, unschedulable_reason="drained by an admin") for n in fleet]
+    snapshot = ClusterSnapshot(nodes=fleet)
     queue = make_queue(args.jobs, args.tenants, args.nodes, rng)
     t0 = time.perf_counter()
     plan = schedule(snapshot, queue, now=86400.0)
@@ -131,11 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": args.nodes,
         "gpus": sum(len(n.gpus) for n in snapshot.nodes),
         "jobs": len(queue),
+        "drained": args.drained,
     }
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{out['nodes']} nodes ({out['gpus']} GPUs), {out['jobs']} queued jobs of {args.tenants} tenants")
+        print(f"{out['nodes']} nodes ({out['gpus']} GPUs{', all drained' if args.drained else ''}), "
+              f"{out['jobs']} queued jobs of {args.tenants} tenants")
         print(f"  one pass: {out['pass_s']:.2f} s; placed {out['placed']}, pending {out['pending']}, "
               f"rejected {out['rejected']}")
         print(f"  {out['placements_per_s']:.0f} placements/s ({out['decisions_per_s']:.0f} jobs decided/s); "
