@@ -46,7 +46,6 @@ CONNECT_WITHIN_S = 2.5   # a new voter must link up before the leader's quorum c
 @dataclass
 class RoleReport:
     voter: bool
-    applied: int
     caught_up: bool
     generation: int
     boot: str
@@ -70,7 +69,7 @@ class VoterKeeper:
             return
         store = self.link.store
         applied = int(raft.get("applied", 0))
-        self.roles[name] = RoleReport(voter=bool(raft.get("voter")), applied=applied,
+        self.roles[name] = RoleReport(voter=bool(raft.get("voter")),
                                       caught_up=bool(raft.get("caught_up")), generation=int(raft.get("generation", 0)),
                                       boot=str(raft.get("boot", "")), lag=store.commit_index() - applied,
                                       at=time.monotonic())
