@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -49,6 +50,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=150)
     ap.add_argument("--interval", type=float, default=0.03, help="seconds between submissions")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--keep-logs", metavar="DIR", help="copy the members' server logs here when a job was lost or "
+                                                       "ran twice")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -99,9 +102,20 @@ def main() -> int:
         with new.client() as c:
             wait_for("every job to end", lambda: all(c.job(i)["state"] in ("completed", "failed", "lost", "cancelled")
                                                       for i in ids), timeout_s=300, interval_s=0.5)
-            states = {i: c.job(i)["state"] for i in ids}
-        twice = sum(1 for i in ids if (marks / str(i)).exists() and len((marks / str(i)).read_text().splitlines()) > 1)
-        never = sum(1 for i in ids if not (marks / str(i)).exists())
+            jobs = {i: c.job(i) for i in ids}
+        states = {i: j["state"] for i, j in jobs.items()}
+        runs = {i: (marks / str(i)).read_text().splitlines() if (marks / str(i)).exists() else [] for i in ids}
+        twice = sum(1 for i in ids if len(runs[i]) > 1)
+        never = sum(1 for i in ids if not runs[i])
+        details = {i: {"state": jobs[i]["state"], "reason": jobs[i].get("reason"), "attempt": jobs[i].get("attempt"),
+                       "runs": runs[i]}
+                   for i in ids if len(runs[i]) != 1 or states[i] != "completed"}
+        if details and args.keep_logs:
+            keep = Path(args.keep_logs)
+            keep.mkdir(parents=True, exist_ok=True)
+            for m in cl.members:
+                for f in m.log_files:
+                    shutil.copy(f, keep / f"{member_name(m)}-{f.name}")
         result = {
             "jobs": len(ids),
             "killed": member_name(sched),
@@ -110,6 +124,7 @@ def main() -> int:
             "next_placement_s": round(t_placed - t_kill, 3),
             "lost": sum(1 for s in states.values() if s != "completed") + never,
             "run_twice": twice,
+            "details": details,
         }
     if args.json:
         print(json.dumps(result))
@@ -118,6 +133,8 @@ def main() -> int:
         print(f"new scheduler {result['new_scheduler']} elected after {result['elected_s']:.2f} s, "
               f"placed its first job {result['next_placement_s']:.2f} s after the kill  [target < 2 s]")
         print(f"jobs lost: {result['lost']}, run twice: {result['run_twice']}  [target 0 and 0]")
+        for i, d in details.items():
+            print(f"  job {i}: {d}")
     return 0
 
 

@@ -27,6 +27,8 @@ from typing import Callable, Iterator
 from mtgpu.client.local import ClientError, LocalClient
 
 PYTHON = sys.executable
+# The CLIs a test runs as a tenant import this checkout (not an older installed copy).
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def free_port() -> int:
@@ -122,7 +124,7 @@ class Node:
 
     def env_for(self, home: str = "/") -> dict[str, str]:
         return {"MTGPU_SOCKET": str(self.socket_path), "PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
-                "COLUMNS": "200"}
+                "COLUMNS": "200", "PYTHONPATH": REPO_ROOT}
 
     def run_cli(self, module: str, user, *args: str, input: str | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess:
         kw = {}
