@@ -13,12 +13,12 @@ import uvicorn
 from ..agent.local import LocalAgent
 from ..config import Config
 from ..state.journal import JournaledState
-from .api import local_app, public_app
-from .cluster import open_cluster_node
-from .identity import PeerCredProtocol
-from .node import Node
-from .service import NodeService
-from .tenant_service import TenantService
+from .api.routes import local_app, public_app
+from .cluster.link import open_cluster_member
+from .api.identity import PeerCredProtocol
+from .member.runtime import Member
+from .api.service import MemberService
+from .api.tenants import TenantService
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,18 @@ def prepare_state_dir(state_dir: Path) -> None:
     os.chmod(logs, 0o755)
 
 
-def build_service(config: Config) -> NodeService:
+def build_service(config: Config) -> MemberService:
     state_dir = Path(config.STATE_DIR)
     prepare_state_dir(state_dir)
     agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), seed=config.NODE_NAME)
     if config.CLUSTER_MODE == "cluster":
-        node = open_cluster_node(config, agent)
+        member = open_cluster_member(config, agent)
     else:
-        node = Node(config, agent, JournaledState(state_dir / "state"))
-    return NodeService(node)
+        member = Member(config, agent, JournaledState(state_dir / "state"))
+    return MemberService(member)
 
 
-async def _serve(service: NodeService, config: Config) -> None:
+async def _serve(service: MemberService, config: Config) -> None:
     host, port = config.listen_host_port()
     sock_path = str(config.socket_path)
     quiet = {"log_level": "warning", "access_log": False, "lifespan": "off"}
@@ -86,9 +86,9 @@ async def _serve(service: NodeService, config: Config) -> None:
 
 def run_node(config: Config) -> int:
     service = build_service(config)
-    service.node.start()
+    service.member.start()
     try:
         asyncio.run(_serve(service, config))
     finally:
-        service.node.stop()
+        service.member.stop()
     return 0

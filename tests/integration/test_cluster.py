@@ -182,7 +182,7 @@ def test_a_member_without_the_secret_is_refused():
         # Nobody without the secret can change a member's Raft role; a malformed request is refused.
         import httpx
 
-        from mtgpu.server.cluster import Signer
+        from mtgpu.server.cluster.link import Signer
 
         target = cl.members[1]
         url = f"http://127.0.0.1:{target.port}/cluster/v1/role"

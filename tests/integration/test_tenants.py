@@ -44,7 +44,7 @@ def invite(node, name: str, *extra: str) -> str:
 
 def remove_tenant_accounts(*names: str) -> None:
     from mtgpu.accounts.apply import remove_account
-    from mtgpu.server.accounts_agent import kill_processes_of
+    from mtgpu.server.member.accounts_agent import kill_processes_of
 
     for n in names:
         try:

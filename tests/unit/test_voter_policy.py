@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mtgpu.server.voter_policy import MemberState, plan_voters, voter_count
+from mtgpu.server.cluster.voter_policy import MemberState, plan_voters, voter_count
 
 G = 24 << 30
 

@@ -19,11 +19,11 @@ import signal
 import time
 from pathlib import Path
 
-from ..accounts.apply import apply_plan, read_os_accounts, remove_account, run_tool
-from ..accounts.plan import TenantSpec, plan_accounts, tenant_home
-from ..config import Config
-from ..ssh.daemon import SshdError, TenantSshd, check_installed
-from ..state import commands as C
+from ...accounts.apply import apply_plan, read_os_accounts, remove_account, run_tool
+from ...accounts.plan import TenantSpec, plan_accounts, tenant_home
+from ...config import Config
+from ...ssh.daemon import SshdError, TenantSshd, check_installed
+from ...state import commands as C
 
 log = logging.getLogger(__name__)
 

@@ -34,15 +34,15 @@ from pathlib import Path
 
 import httpx
 
-from ..agent.local import LocalAgent
-from ..config import Config
-from ..model.gpu import GpuInfo, HostInfo
-from ..state import commands as C
-from ..state.raft import RaftState, ReplicationError
+from ...agent.local import LocalAgent
+from ...config import Config
+from ...model.gpu import GpuInfo, HostInfo
+from ...state import commands as C
+from ...state.raft import RaftState, ReplicationError
 from .addresses import advertised, api_address, raft_address
-from .cluster_errors import ClusterSetupError
-from .node import Node
-from .view import NodeTelemetry
+from .errors import ClusterSetupError
+from ..member.runtime import Member
+from ..member.view import NodeTelemetry
 from .voter_keeper import VoterKeeper
 from .voter_policy import voter_count
 
@@ -110,7 +110,7 @@ class ClusterLink:
         self.raft_self = raft_address(config.LISTEN)
         self.signer = Signer(secret)
         self.secret = secret
-        self.node: Node | None = None
+        self.member: Member | None = None
         self.store: RaftState | None = None
         self._http = httpx.Client(timeout=httpx.Timeout(3.0, connect=1.0))
         self._stop = threading.Event()
@@ -232,10 +232,10 @@ class ClusterLink:
         raft = raft_address(rec.address)
         if raft in self.store.voters():
             self.keeper.remove_now(raft)
-        r = self.store.apply(C.command(C.NODE_REMOVE, name=name, at=self.node.clock()))
+        r = self.store.apply(C.command(C.NODE_REMOVE, name=name, at=self.member.clock()))
         if not r["ok"]:
             raise ClusterSetupError(r["error"])
-        self.node.scheduler.telemetry.pop(name, None)
+        self.member.scheduler.telemetry.pop(name, None)
         return {"removed": name}
 
     def raft_info(self) -> dict:
@@ -247,8 +247,8 @@ class ClusterLink:
         return [by_addr.get(api_address(v), v) for v in self.store.voters()]
 
     # ------------------------------------------------------------ reports
-    def start(self, node: Node) -> None:
-        self.node = node
+    def start(self, member: Member) -> None:
+        self.member = member
         self._thread = threading.Thread(target=self._report_loop, name="mtgpu-reports", daemon=True)
         self._thread.start()
         # Its own thread: a step may wait seconds for a commit or a member, and reports
@@ -279,7 +279,7 @@ class ClusterLink:
                 log.debug("report failed: %s", e)
 
     def report_once(self) -> None:
-        tel = self.node.local_telemetry
+        tel = self.member.local_telemetry
         if tel is None:
             return
         if self.store.is_leader():
@@ -346,13 +346,13 @@ class ClusterLink:
     def handle_report(self, payload: dict) -> dict:
         tel = NodeTelemetry(gpus=[GpuInfo.from_dict(g) for g in payload.get("gpus", [])],
                             host=HostInfo.from_dict(payload["host"]) if payload.get("host") else None,
-                            reported_at=self.node.clock())
-        self.node.scheduler.report(payload["node"], tel)
+                            reported_at=self.member.clock())
+        self.member.scheduler.report(payload["node"], tel)
         if not self.store.is_leader():
             # A member that still takes us for the scheduler must not count itself in touch.
             raise ReplicationError("this member does not schedule (any more); ask the cluster who does")
         self.keeper.on_report(payload["node"], payload.get("raft"))
-        self.node.wake()
+        self.member.wake()
         return {"ok": True, "voters": self.store.voters(), "term": self.store.term()}
 
     def in_touch(self) -> bool:
@@ -399,20 +399,20 @@ class ClusterLink:
         return base64.b64decode(r["data"])
 
 
-def open_cluster_node(config: Config, agent: LocalAgent) -> Node:
+def open_cluster_member(config: Config, agent: LocalAgent) -> Member:
     peers = [advertised(p) for p in config.PEERS]
     founding_alone = not peers or peers == [advertised(config.LISTEN)]
     secret = load_or_create_secret(config, founding_alone)
     link = ClusterLink(config, secret)
     state_dir = Path(config.STATE_DIR)
     voter, voters, replica = link.membership(state_dir)
-    node_holder: list[Node] = []
+    member_holder: list[Member] = []
     store = RaftState(state_dir / "cluster", link.raft_self if voter else None, voters, secret,
-                      on_applied=lambda cmd, res: node_holder and node_holder[0].wake(), replica=replica)
+                      on_applied=lambda cmd, res: member_holder and member_holder[0].wake(), replica=replica)
     link.store = store
-    node = Node(config, agent, store, cluster=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
-    node_holder.append(node)
-    link.start(node)
+    member = Member(config, agent, store, cluster=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
+    member_holder.append(member)
+    link.start(member)
     log.info("%s is a %s of the cluster %s (voters: %s)", config.NODE_NAME, "voter" if voter else "non-voting member",
              config.CLUSTER_ID, ", ".join(voters))
-    return node
+    return member

@@ -7,11 +7,11 @@ import hashlib
 import pwd
 import secrets
 
-from ..client.signing import HEADER_TENANT, BadKey, SignatureVerifier, parse_public_key
-from ..model.tenant import validate_tenant_name
-from ..state import commands as C
+from ...client.signing import HEADER_TENANT, BadKey, SignatureVerifier, parse_public_key
+from ...model.tenant import validate_tenant_name
+from ...state import commands as C
 from .identity import Caller
-from .service import NodeService, ServiceError
+from .service import MemberService, ServiceError
 
 INVITE_TTL_S = 7 * 86400.0
 SEEN_EVERY_S = 3600.0
@@ -22,7 +22,7 @@ def code_hash(code: str) -> str:
 
 
 class TenantService:
-    def __init__(self, service: NodeService) -> None:
+    def __init__(self, service: MemberService) -> None:
         self.service = service
         self.store = service.store
         self.config = service.config

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import math
 
-from ..model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob, RunningAlloc, TenantUsage
-from ..model.gpu import GpuInfo, HostInfo, normalize_model
-from ..model.job import JobState
-from ..state.machine import StateMachine
+from ...model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob, RunningAlloc, TenantUsage
+from ...model.gpu import GpuInfo, HostInfo, normalize_model
+from ...model.job import JobState
+from ...state.machine import StateMachine
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""The node's services: what the API routes call. Reads come from this member's
+"""This member's services: what the API routes call. Reads come from this member's
 copy of the state; changes are commands committed through the store (journal or
 Raft), so `mt-job` works the same on every member of a cluster."""
 
@@ -11,16 +11,17 @@ from pathlib import Path
 
 from fastapi.concurrency import run_in_threadpool
 
-from ..jobfile import JobFileError, parse_job_file
-from ..model.job import Job, JobState
-from ..sched import check_satisfiable
-from ..state import commands as C
-from ..storage.quota import check_submission, detect_quota_backend, quota_warning
+from ...jobfile import JobFileError, parse_job_file
+from ...model.job import Job, JobState
+from ...sched import check_satisfiable
+from ...state import commands as C
+from ...storage.quota import check_submission, detect_quota_backend, quota_warning
 from .batching import SubmitBatcher
-from .identity import Caller, home_of
-from .retention import apply_retention, retention_report
-from .node import Node
-from .view import build_snapshot
+from ...accounts.lookup import home_of
+from .identity import Caller
+from ..member.retention import apply_retention, retention_report
+from ..member.runtime import Member
+from ..member.view import build_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +38,19 @@ class ServiceError(Exception):
         self.refused = refused
 
 
-class NodeService:
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.config = node.config
-        self.node_name = node.node_name
-        self.state_dir = node.state_dir
-        self.store = node.store
-        self.batcher = SubmitBatcher(node.store, node.clock)
+class MemberService:
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        self.config = member.config
+        self.node_name = member.node_name
+        self.state_dir = member.state_dir
+        self.store = member.store
+        self.batcher = SubmitBatcher(member.store, member.clock)
         self.disk = None
-        if node.config.USER_DISK_LIMIT:
-            choice = detect_quota_backend(node.config.TENANT_HOME_ROOT)
+        if member.config.USER_DISK_LIMIT:
+            choice = detect_quota_backend(member.config.TENANT_HOME_ROOT)
             self.disk = choice.backend
-            log.info("USER_DISK_LIMIT %d bytes, enforced by %s", node.config.USER_DISK_LIMIT, choice.reason)
+            log.info("USER_DISK_LIMIT %d bytes, enforced by %s", member.config.USER_DISK_LIMIT, choice.reason)
 
     def apply(self, cmd_name: str, /, **args) -> dict:
         try:
@@ -58,10 +59,10 @@ class NodeService:
             raise ServiceError(503, f"the cluster could not record this change: {e}") from None
 
     def clock(self) -> float:
-        return self.node.clock()
+        return self.member.clock()
 
     def wake(self) -> None:
-        self.node.wake()
+        self.member.wake()
 
     # ------------------------------------------------------------ services for the API
     async def submit(self, caller: Caller, script: str, overrides: dict[str, str], workdir: str | None) -> dict:
@@ -140,8 +141,8 @@ class NodeService:
         return job
 
     def pending_reason(self, job: Job) -> str:
-        reasons = self.node.scheduler.pending_reasons if self.node.is_scheduler() else \
-            (self.node.cluster.pending_reasons() if self.node.cluster else {})
+        reasons = self.member.scheduler.pending_reasons if self.member.is_scheduler() else \
+            (self.member.cluster.pending_reasons() if self.member.cluster else {})
         pending = reasons.get(job.id) or "waiting for the next scheduling pass"
         return f"{job.reason}; waiting: {pending}" if job.reason else pending
 
@@ -190,8 +191,8 @@ class NodeService:
         job = self._visible_job(caller, job_id)
         offset = max(0, offset)
         ran_here = not job.allocations or job.allocations[0].node == self.node_name
-        if not ran_here and self.node.cluster is not None:
-            data = self.node.cluster.fetch_log(job.allocations[0].node, job_id, offset, limit)
+        if not ran_here and self.member.cluster is not None:
+            data = self.member.cluster.fetch_log(job.allocations[0].node, job_id, offset, limit)
         else:
             data = self.local_log(job, offset, limit)
         return {"data": data.decode("utf-8", "replace"), "offset": offset + len(data),
@@ -208,17 +209,17 @@ class NodeService:
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's
         telemetry; a member that does not schedule asks the one that does)."""
-        if not self.node.is_scheduler() and self.node.cluster is not None:
-            remote = self.node.cluster.leader_nodes()
+        if not self.member.is_scheduler() and self.member.cluster is not None:
+            remote = self.member.cluster.leader_nodes()
             if remote is not None:
                 return remote
         return self.nodes_view()
 
     def nodes_view(self) -> list[dict]:
         machine = self.store.machine
-        telemetry = self.node.scheduler.telemetry if self.node.is_scheduler() else \
-            {self.node_name: self.node.local_telemetry}
-        voters = set(self.node.cluster.voter_names()) if self.node.cluster else {self.node_name}
+        telemetry = self.member.scheduler.telemetry if self.member.is_scheduler() else \
+            {self.node_name: self.member.local_telemetry}
+        voters = set(self.member.cluster.voter_names()) if self.member.cluster else {self.node_name}
         out = []
         with self.store.lock:
             snapshot = build_snapshot(machine, telemetry)
@@ -279,10 +280,10 @@ class NodeService:
     def remove_node(self, caller: Caller, name: str) -> dict:
         if not caller.is_admin:
             raise ServiceError(403, "removing a member needs root or the admin group")
-        if self.node.cluster is None:
+        if self.member.cluster is None:
             raise ServiceError(409, "a standalone node has no other members to remove")
         try:
-            return self.node.cluster.handle_remove(name)
+            return self.member.cluster.handle_remove(name)
         except Exception as e:  # membership and replication errors carry their own explanation
             raise ServiceError(409, f"could not remove {name}: {e}") from None
 
@@ -294,9 +295,9 @@ class NodeService:
             "pid": os.getpid(),
             "version": "0.1.0",
             "scheduler": self.store.machine.scheduler,
-            "is_scheduler": self.node.is_scheduler(),
-            "placements": self.node.scheduler.placements,
-            "last_placement_at": self.node.scheduler.last_placement_at,
-            "raft": self.node.cluster.raft_info() if self.node.cluster else None,
+            "is_scheduler": self.member.is_scheduler(),
+            "placements": self.member.scheduler.placements,
+            "last_placement_at": self.member.scheduler.last_placement_at,
+            "raft": self.member.cluster.raft_info() if self.member.cluster else None,
         }
 

@@ -20,12 +20,12 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..agent.local import LocalAgent
-from ..agent.runners.base import ExitInfo, Launch, RunnerError
-from ..model.job import Job, JobState
-from ..model.units import format_duration
-from ..state import commands as C
-from .identity import home_of, supplementary_groups
+from ...agent.local import LocalAgent
+from ...agent.runners.base import ExitInfo, Launch, RunnerError
+from ...model.job import Job, JobState
+from ...model.units import format_duration
+from ...state import commands as C
+from ...accounts.lookup import home_of, supplementary_groups
 from .jobenv import job_env
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from ..state import commands as C
-from ..state.machine import StateMachine
-from ..storage.retention import RetentionReport
+from ...state import commands as C
+from ...state.machine import StateMachine
+from ...storage.retention import RetentionReport
 
 log = logging.getLogger(__name__)
 

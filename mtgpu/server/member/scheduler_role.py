@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..model.job import JobState
-from ..sched import schedule
-from ..state import commands as C
+from ...model.job import JobState
+from ...sched import schedule
+from ...state import commands as C
 from .retention import RETENTION_EVERY_S, apply_retention, retention_report
 from .view import NodeTelemetry, build_queue, build_snapshot, build_usage
 

@@ -7,8 +7,8 @@ to nothing, so a CPU-only job on a GPU node sees no GPU at all.
 
 from __future__ import annotations
 
-from ..model.gpu import VISIBILITY_VARS
-from ..model.job import Job, NodeAllocation
+from ...model.gpu import VISIBILITY_VARS
+from ...model.job import Job, NodeAllocation
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -13,7 +13,7 @@ import asyncio
 import queue
 import threading
 
-from ..state import commands as C
+from ...state import commands as C
 
 MAX_BATCH = 256
 

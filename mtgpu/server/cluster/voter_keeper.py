@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..state import commands as C
-from ..state.raft import ReplicationError
+from ...state import commands as C
+from ...state.raft import ReplicationError
 from .addresses import advertised, raft_address
-from .cluster_errors import ClusterSetupError
+from .errors import ClusterSetupError
 from .voter_policy import MemberState, capability, plan_voters
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,8 @@ class VoterKeeper:
 
     def member_states(self) -> list[MemberState]:
         link = self.link
-        telemetry = link.node.scheduler.telemetry
-        now, mono = link.node.clock(), time.monotonic()
+        telemetry = link.member.scheduler.telemetry
+        now, mono = link.member.clock(), time.monotonic()
         states = []
         for rec in list(link.store.machine.nodes.values()):
             if not rec.address:
@@ -116,7 +116,7 @@ class VoterKeeper:
     def _barrier(self) -> None:
         """Commit an entry that changes nothing: every membership change before it is
         then committed too."""
-        self.link.store.apply(C.command(C.CLUSTER_BARRIER, at=self.link.node.clock()), timeout_s=5.0)
+        self.link.store.apply(C.command(C.CLUSTER_BARRIER, at=self.link.member.clock()), timeout_s=5.0)
 
     def _step(self) -> None:
         link, store = self.link, self.link.store

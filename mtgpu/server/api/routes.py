@@ -18,11 +18,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from ..state.raft import ReplicationError
-from .cluster_errors import ClusterSetupError
+from ...state.raft import ReplicationError
+from ..cluster.errors import ClusterSetupError
 from .identity import Caller, caller_from_peer
-from .service import NodeService, ServiceError
-from .tenant_service import TenantService
+from .service import MemberService, ServiceError
+from .tenants import TenantService
 
 
 class SubmitRequest(BaseModel):
@@ -60,7 +60,7 @@ class JoinRequest(BaseModel):
     key: str = Field(max_length=2000, description="an OpenSSH ed25519 public key line")
 
 
-def local_app(service: NodeService, tenants: TenantService) -> FastAPI:
+def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
     app = FastAPI(title="mtgpu node (local socket)", docs_url=None, redoc_url=None)
     app.add_exception_handler(ServiceError, _error_response)
     admin_group = service.config.ADMIN_GROUP
@@ -124,7 +124,7 @@ def local_app(service: NodeService, tenants: TenantService) -> FastAPI:
     return app
 
 
-def add_job_routes(app: FastAPI, service: NodeService, identify) -> None:
+def add_job_routes(app: FastAPI, service: MemberService, identify) -> None:
     """The tenant's job routes; `identify(request)` says who calls (peer credentials or signature)."""
 
     @app.post("/v1/jobs")
@@ -149,7 +149,7 @@ def add_job_routes(app: FastAPI, service: NodeService, identify) -> None:
         return await run_in_threadpool(service.read_log, await identify(request), job_id, offset)
 
 
-def public_app(service: NodeService, tenants: TenantService) -> FastAPI:
+def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
     app = FastAPI(title="mtgpu node (network)", docs_url=None, redoc_url=None)
     app.add_exception_handler(ServiceError, _error_response)
 
@@ -179,14 +179,14 @@ def public_app(service: NodeService, tenants: TenantService) -> FastAPI:
 
     add_job_routes(app, service, identify)
 
-    if service.node.cluster is not None:
+    if service.member.cluster is not None:
         add_cluster_routes(app, service)
     return app
 
 
-def add_cluster_routes(app: FastAPI, service: NodeService) -> None:
+def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
     """Member-to-member routes: every request must be signed with the cluster secret."""
-    link = service.node.cluster
+    link = service.member.cluster
 
     async def verified(request: Request) -> bytes:
         body = await request.body()
@@ -240,7 +240,7 @@ def add_cluster_routes(app: FastAPI, service: NodeService) -> None:
     @app.get("/cluster/v1/pending")
     async def pending(request: Request) -> dict:
         await verified(request)
-        return {str(k): v for k, v in service.node.scheduler.pending_reasons.items()}
+        return {str(k): v for k, v in service.member.scheduler.pending_reasons.items()}
 
     @app.get("/cluster/v1/nodes")
     async def nodes(request: Request) -> list[dict]:

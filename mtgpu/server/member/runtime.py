@@ -14,10 +14,10 @@ import threading
 import time
 from pathlib import Path
 
-from ..agent.local import LocalAgent
-from ..config import Config
-from ..state import commands as C
-from ..storage.shared import interpreter_publish_root, publish_read_only
+from ...agent.local import LocalAgent
+from ...config import Config
+from ...state import commands as C
+from ...storage.shared import interpreter_publish_root, publish_read_only
 from .accounts_agent import AccountsAgent
 from .agent_loop import AgentLoop
 from .scheduler_role import SchedulerRole
@@ -42,7 +42,7 @@ class Lease:
         os.utime(self.path, None)
 
 
-class Node:
+class Member:
     def __init__(self, config: Config, agent: LocalAgent, store, cluster=None, clock=time.time,
                  down_after_s: float = 10.0) -> None:
         self.config = config

@@ -101,18 +101,3 @@ def _in_group(uid: int, name: str, gid: int, group: str) -> bool:
     except KeyError:
         return False
     return g.gr_gid == gid or name in g.gr_mem
-
-
-def supplementary_groups(name: str, gid: int) -> tuple[int, ...]:
-    """The OS groups of a tenant besides its primary group (for the job process)."""
-    try:
-        return tuple(sorted({g.gr_gid for g in grp.getgrall() if name in g.gr_mem} - {gid}))
-    except OSError:
-        return ()
-
-
-def home_of(uid: int, default: str) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_dir
-    except KeyError:
-        return default
