@@ -161,6 +161,9 @@ class Job:
     log_path: str = ""
     master_port: int | None = None  # gangs: the rendezvous port rank 0's node picked
     rank_exits: dict = field(default_factory=dict)  # gangs: rank (as str) -> exit code of ranks that ended well
+    # earlier attempts, oldest first: {"attempt", "nodes", "allocations", "started_at", "ended_at",
+    # "outcome"}, plus "late" once the member of a requeued attempt reported how it ended there
+    history: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -183,6 +186,7 @@ class Job:
             "log_path": self.log_path,
             "master_port": self.master_port,
             "rank_exits": dict(self.rank_exits),
+            "history": [dict(h) for h in self.history],
         }
 
     @classmethod
@@ -207,4 +211,5 @@ class Job:
             log_path=d.get("log_path", ""),
             master_port=d.get("master_port"),
             rank_exits=dict(d.get("rank_exits", {})),
+            history=[dict(h) for h in d.get("history", ())],
         )

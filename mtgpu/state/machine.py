@@ -138,6 +138,7 @@ class StateMachine(TenantCommands):
             C.JOB_FINISH: self._job_finish,
             C.JOB_CANCEL: self._job_cancel,
             C.JOB_REQUEUE: self._job_requeue,
+            C.JOB_LATE_REPORT: self._job_late_report,
             C.JOB_FORGET: self._job_forget,
             C.CLUSTER_BARRIER: self._barrier,
         }
@@ -389,10 +390,17 @@ class StateMachine(TenantCommands):
         job.reason = reason or (f"cancelled by {by}" if by else "cancelled")
         return {"was": was.value}
 
-    def _job_requeue(self, job_id: int, at: float, reason: str = "") -> dict:
+    def _job_requeue(self, job_id: int, at: float, reason: str = "", attempt: int | None = None) -> dict:
+        """Back to the queue as a new attempt (its member failed, or fenced it). The attempt
+        is kept in the job's history, so a late report from its member can be placed."""
         job = self._job(job_id)
         if job.state is not JobState.RUNNING:
             raise CommandRejected(f"job {job_id} is {job.state.value}, not running")
+        if attempt is not None and attempt != job.attempt:
+            raise CommandRejected(f"job {job_id} is at attempt {job.attempt}, requeue was for {attempt}")
+        job.history.append({"attempt": job.attempt, "nodes": [a.node for a in job.allocations],
+                            "allocations": [a.to_dict() for a in job.allocations], "started_at": job.started_at,
+                            "ended_at": at, "outcome": f"requeued: {reason}" if reason else "requeued"})
         self._release(job)
         job.state, job.allocations, job.started_at = JobState.QUEUED, (), None
         job.master_port, job.rank_exits = None, {}
@@ -400,6 +408,37 @@ class StateMachine(TenantCommands):
         job.reason = reason
         self._queued[job_id] = None
         return {"attempt": job.attempt}
+
+    def _job_late_report(self, job_id: int, attempt: int, node: str, at: float, exit_code: int | None = None,
+                         state: str | None = None, reason: str = "") -> dict:
+        """The member of a requeued attempt is back and says that attempt ended there by
+        itself. While the requeued copy has not started, that is the job's outcome (it ran
+        once); afterwards the job's history notes that this attempt also ran.
+
+        The copy has not started while it is queued, and also while it is placed on the
+        reporting member itself: that member's agent starts no run of a job whose earlier
+        run it still holds unreported (reconcile)."""
+        job = self._job(job_id)
+        entry = next((h for h in job.history if h["attempt"] == attempt and node in h["nodes"]), None)
+        if entry is None:
+            raise CommandRejected(f"job {job_id} has no attempt {attempt} requeued off {node}")
+        if "late" in entry:
+            raise CommandRejected(f"job {job_id}: attempt {attempt} was already reported late")
+        final = JobState(state) if state else (JobState.COMPLETED if exit_code == 0 else JobState.FAILED)
+        if not final.final:
+            raise CommandRejected(f"{final.value} is not a final state")
+        placed_back = job.state is JobState.RUNNING and [a.node for a in job.allocations] == [node]
+        taken = (len(entry["nodes"]) == 1 and job.attempt == attempt + 1
+                 and (job.state is JobState.QUEUED or placed_back))
+        entry["late"] = {"state": final.value, "exit_code": exit_code, "reason": reason, "at": at, "taken": taken}
+        if taken:
+            self._release(job)
+            job.state, job.exit_code, job.ended_at = final, exit_code, at
+            job.attempt, job.started_at = attempt, entry["started_at"]
+            job.allocations = tuple(NodeAllocation.from_dict(a) for a in entry["allocations"])
+            entry["outcome"] += "; its member came back with this attempt's end before the copy started: taken"
+            job.reason = reason or f"ran on {node}, which reported its end after it had been marked down"
+        return {"taken": taken}
 
     def _barrier(self, at: float = 0.0) -> dict:
         """Changes nothing. The scheduler commits one before it changes the Raft

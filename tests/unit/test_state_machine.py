@@ -189,3 +189,86 @@ def test_a_batch_of_submissions_answers_each_on_its_own():
     oks = [x["ok"] for x in r["results"]]
     assert oks == [True, False, True]
     assert r["results"][2]["job_id"] == r["results"][0]["job_id"] + 1
+
+
+def _requeued_off_n1(sm) -> int:
+    """A job started on n1 (attempt 0), then requeued because n1 was marked down."""
+    jid = submit(sm)
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=3.0, attempt=0))["ok"]
+    assert sm.apply(C.command(C.JOB_REQUEUE, job_id=jid, at=4.0, attempt=0, reason="lost on n1 (node down)"))["ok"]
+    return jid
+
+
+def test_a_requeue_keeps_the_attempt_in_the_job_history():
+    sm = setup_machine()
+    jid = _requeued_off_n1(sm)
+    job = sm.jobs[jid]
+    assert job.state is JobState.QUEUED and job.attempt == 1
+    assert job.history == [{"attempt": 0, "nodes": ["n1"], "allocations": [alloc()], "started_at": 3.0,
+                            "ended_at": 4.0, "outcome": "requeued: lost on n1 (node down)"}]
+
+
+def test_a_requeue_for_another_attempt_is_refused():
+    sm = setup_machine()
+    jid = _requeued_off_n1(sm)
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=5.0, attempt=1))["ok"]
+    r = sm.apply(C.command(C.JOB_REQUEUE, job_id=jid, at=6.0, attempt=0, reason="stale"))
+    assert not r["ok"] and "attempt 1" in r["error"]
+    assert sm.jobs[jid].state is JobState.RUNNING
+
+
+def test_a_late_report_before_the_copy_started_is_the_jobs_outcome():
+    sm = setup_machine()
+    jid = _requeued_off_n1(sm)
+    r = sm.apply(C.command(C.JOB_LATE_REPORT, job_id=jid, attempt=0, node="n1", exit_code=0, at=9.0))
+    assert r == {"ok": True, "taken": True}
+    job = sm.jobs[jid]
+    assert job.state is JobState.COMPLETED and job.exit_code == 0 and job.attempt == 0
+    assert [a.node for a in job.allocations] == ["n1"] and job.started_at == 3.0 and job.ended_at == 9.0
+    assert sm.queued_jobs() == [] and job.history[0]["late"]["taken"] is True
+    # The copy is no longer queued: a plan for it is refused.
+    assert not sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=10.0, attempt=1))["ok"]
+
+
+def test_a_late_report_after_the_copy_started_elsewhere_is_only_noted():
+    sm = setup_machine()
+    sm.apply(C.command(C.NODE_REGISTER, name="n2", cpus=8, mem_total_bytes=64 * GiB, at=1.0, gpus=[
+        {"index": 0, "vendor": "nvidia", "model": "NVIDIA GeForce RTX 4090", "vram_total_bytes": 24 * GiB}]))
+    jid = _requeued_off_n1(sm)
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc(node="n2")], at=5.0, attempt=1))["ok"]
+    r = sm.apply(C.command(C.JOB_LATE_REPORT, job_id=jid, attempt=0, node="n1", exit_code=3, reason="exited with 3",
+                           at=6.0))
+    assert r == {"ok": True, "taken": False}
+    job = sm.jobs[jid]
+    assert job.state is JobState.RUNNING and job.attempt == 1
+    assert job.history[0]["late"] == {"state": "failed", "exit_code": 3, "reason": "exited with 3", "at": 6.0,
+                                      "taken": False}
+    # Reported once only; and only by the member the attempt ran on.
+    assert not sm.apply(C.command(C.JOB_LATE_REPORT, job_id=jid, attempt=0, node="n1", exit_code=0, at=7.0))["ok"]
+    assert not sm.apply(C.command(C.JOB_LATE_REPORT, job_id=jid, attempt=1, node="n1", exit_code=0, at=7.0))["ok"]
+
+
+def test_a_late_report_from_another_node_is_refused():
+    sm = setup_machine()
+    jid = _requeued_off_n1(sm)
+    r = sm.apply(C.command(C.JOB_LATE_REPORT, job_id=jid, attempt=0, node="n2", exit_code=0, at=9.0))
+    assert not r["ok"] and "n2" in r["error"]
+    assert sm.jobs[jid].state is JobState.QUEUED
+
+
+def test_the_history_survives_a_snapshot():
+    sm = setup_machine()
+    jid = _requeued_off_n1(sm)
+    again = StateMachine.from_dict(json.loads(json.dumps(sm.to_dict())))
+    assert again.jobs[jid].history == sm.jobs[jid].history
+
+
+def test_a_late_report_takes_the_copy_placed_back_on_the_same_member_before_it_started():
+    sm = setup_machine()
+    jid = _requeued_off_n1(sm)
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc(index=1)], at=5.0, attempt=1))["ok"]
+    r = sm.apply(C.command(C.JOB_LATE_REPORT, job_id=jid, attempt=0, node="n1", exit_code=0, at=6.0))
+    assert r == {"ok": True, "taken": True}
+    job = sm.jobs[jid]
+    assert job.state is JobState.COMPLETED and job.attempt == 0 and job.allocations[0].gpus[0].index == 0
+    assert sm.running_jobs() == [] and sm.commitment("n1").gpus[1].fraction == 0
