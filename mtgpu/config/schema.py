@@ -152,23 +152,53 @@ PeerAddress = Annotated[str, AfterValidator(_peer_address)]
 # ---------------------------------------------------------------- tables
 
 
+NOT_YET = ("not available yet: this version has no Podman runner, so container jobs and workspaces cannot "
+           "run; remove the key (container jobs are refused at submit meanwhile)")
+
+
+def _not_yet(value):
+    """A [CONTAINERS] key that would do nothing in this version is refused, not ignored."""
+    raise _bad(NOT_YET)
+
+
+def _off_only(value: bool) -> bool:
+    if value:
+        raise _bad(NOT_YET.replace("remove the key", "set it to false or remove it"))
+    return value
+
+
+NotYet = AfterValidator(_not_yet)
+
+
 class ContainersConfig(BaseModel):
-    """`[CONTAINERS]`: rootless Podman workspaces and container jobs."""
+    """`[CONTAINERS]`: rootless Podman workspaces and container jobs. Not available yet:
+    only `enabled = false` is accepted; every other key is refused with the reason."""
 
     # Numbers and booleans are strict (no "yes" for true, no true for 1): TOML has real types.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = Field(False, strict=True, description="offer container workspaces and container jobs on this node")
-    templates: dict[str, str] = Field(
-        default_factory=dict, description="workspace templates tenants pick by name: name -> image"
+    enabled: Annotated[bool, AfterValidator(_off_only)] = Field(
+        False, strict=True, description="offer container workspaces and container jobs on this node (not available "
+                                        "yet: only false is accepted)")
+    templates: Annotated[dict[str, str], NotYet] = Field(
+        default_factory=dict, description="workspace templates tenants pick by name: name -> image (not available yet)"
     )
-    images: list[str] = Field(default_factory=list, description="images tenants may use (pre-pulled where possible)")
-    cache_volume: str | None = Field(None, description="a Podman volume shared as the image/layer cache, if any")
-    network: Annotated[str, Field(min_length=1)] = Field(
-        "slirp4netns", description="the rootless network mode Podman runs containers with"
+    images: Annotated[list[str], NotYet] = Field(
+        default_factory=list, description="images the node pre-stages as content-addressed archives (not available yet)")
+    registry_auth_file: Annotated[Path | None, NotYet] = Field(
+        None, description="credentials for private registries, readable by root only (not available yet)")
+    cache_volume: Annotated[str, Field(min_length=1), NotYet] = Field(
+        "mtgpu-cache", description="the name of each tenant's persistent cache volume (pip, Hugging Face and torch "
+                                   "caches), which outlives every container (not available yet)")
+    network: Annotated[str, Field(min_length=1), NotYet] = Field(
+        "slirp4netns", description="the rootless network mode Podman runs containers with (not available yet)"
     )
-    publish_ports: bool = Field(True, strict=True, description="let tenants publish container ports on this node")
-    allow_user_images: bool = Field(False, strict=True, description="let tenants run images not listed in templates/images")
+    publish_ports: Annotated[bool, NotYet] = Field(
+        True, strict=True, description="publish workspace ports on this node's loopback (not available yet)")
+    allow_user_images: Annotated[bool, NotYet] = Field(
+        False, strict=True, description="also allow images from the tenant's own store (not available yet)")
+    idle_timeout: Annotated[str, NotYet] = Field(
+        "off", description="stop a workspace idle for this long (not available yet)")
 
 
 class SimulatedGpu(BaseModel):
@@ -313,7 +343,8 @@ class Config(BaseModel):
     MEMBER_DOWN_AFTER_S: float = Field(
         10.0, gt=0.5, le=3600, strict=False,
         description="(our addition) a cluster member that has not reported for this long is marked down; its jobs "
-                    "are requeued, and its agent stops them after half of it (self-fencing)",
+                    "are requeued; its job supervisors stop them one second (at most half of it) sooner, counted from its "
+                    "last report the scheduler took (self-fencing)",
     )
     ADMIN_GROUP: Annotated[str, AfterValidator(_name("ADMIN_GROUP", '"mtgpu-admin"'))] = Field(
         "mtgpu-admin",

@@ -112,6 +112,19 @@ def test_impossible_request_exits_2_with_the_reason(node2, alice):
     assert r.returncode == 2 and "refused" in r.stderr
 
 
+def test_a_container_job_is_refused_at_submit_never_run_natively(node2, alice, tmp_path):
+    before = {j["id"] for j in json.loads(node2.mt_job(alice, "list", "--json").stdout)}
+    script = "#!/bin/bash\n#MTGPU container=localhost/pytorch:2.6\necho ran natively\n"
+    r = node2.mt_job(alice, "submit", "-", input=script)
+    assert r.returncode == 2, r
+    assert "container=localhost/pytorch:2.6" in r.stderr and "[CONTAINERS] enabled" in r.stderr
+    assert "not available yet" in r.stderr
+    r = node2.mt_job(alice, "submit", "--container", "localhost/base", "--wrap", "true")
+    assert r.returncode == 2 and "container=localhost/base" in r.stderr
+    after = {j["id"] for j in json.loads(node2.mt_job(alice, "list", "--json").stdout)}
+    assert after == before  # nothing was queued
+
+
 def test_malformed_job_file_names_the_line_and_directive(node2, alice):
     script = "#!/bin/bash\n#MTGPU name=bad\n#MTGPU gpus=rtx4090:x\necho hi\n"
     r = node2.mt_job(alice, "submit", "-", input=script)

@@ -67,7 +67,7 @@ def test_defaults_match_the_design():
     assert c.TENANT_UID_RANGE == (200000, 299999)
     assert c.CONTAINERS.enabled is False and c.CONTAINERS.network == "slirp4netns"
     assert c.CONTAINERS.publish_ports is True and c.CONTAINERS.allow_user_images is False
-    assert c.CONTAINERS.templates == {} and c.CONTAINERS.images == [] and c.CONTAINERS.cache_volume is None
+    assert c.CONTAINERS.templates == {} and c.CONTAINERS.images == [] and c.CONTAINERS.cache_volume == "mtgpu-cache"
     assert c.SIMULATED_GPUS == []
     assert c.ADMIN_GROUP == "mtgpu-admin"
 
@@ -99,7 +99,7 @@ def test_full_cluster_config():
             "PERSISTENT_TERMINALS": "optional",
             "GPU_BACKEND": "simulated",
             "TENANT_UID_RANGE": [300000, 300999],
-            "CONTAINERS": {"enabled": True, "templates": {"torch": "docker.io/pytorch/pytorch"}, "images": ["x"]},
+            "CONTAINERS": {"enabled": False},
             "SIMULATED_GPUS": [
                 {"model": "H200", "vram": "141GiB", "count": 8},
                 {"model": "MI300X", "vendor": "amd", "vram": "192GiB", "used_vram": "1G", "utilization": 12.5},
@@ -284,10 +284,10 @@ def test_load_a_toml_file(tmp_path):
     path = write(
         tmp_path,
         'CLUSTER_MODE = "cluster"\nCLUSTER_ID = "lab"\nGPU_BACKEND = "simulated"\n'
-        '[CONTAINERS]\nenabled = true\n\n[[SIMULATED_GPUS]]\nmodel = "RTX 4090"\nvram = "24GiB"\ncount = 2\n',
+        '[CONTAINERS]\nenabled = false\n\n[[SIMULATED_GPUS]]\nmodel = "RTX 4090"\nvram = "24GiB"\ncount = 2\n',
     )
     c = load_config(path, env={})
-    assert c.CLUSTER_ID == "lab" and c.CONTAINERS.enabled
+    assert c.CLUSTER_ID == "lab" and not c.CONTAINERS.enabled
     assert c.SIMULATED_GPUS[0].count == 2 and c.SIMULATED_GPUS[0].vram == 24 * 1024**3
 
 
@@ -377,3 +377,18 @@ def test_any_parsed_toml_gives_a_config_or_a_config_error(d):
         config_from_dict(d)
     except ConfigError as exc:
         assert exc.problems and all(isinstance(p, str) and p for p in exc.problems)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("enabled", True), ("templates", {"torch": "localhost/torch"}), ("images", ["localhost/base"]),
+    ("registry_auth_file", "/root/auth.json"), ("cache_volume", "cache"), ("network", "host"),
+    ("publish_ports", False), ("allow_user_images", True), ("idle_timeout", "2h"),
+])
+def test_every_containers_key_that_would_do_nothing_yet_is_refused_with_the_reason(key, value):
+    problem = only_problem({"CONTAINERS": {key: value}})
+    assert problem.startswith(f"CONTAINERS.{key} = ") and "not available yet" in problem
+    assert "no Podman runner" in problem
+
+
+def test_containers_enabled_false_is_accepted_as_it_says_what_happens():
+    assert config_from_dict({"CONTAINERS": {"enabled": False}}).CONTAINERS.enabled is False

@@ -78,6 +78,12 @@ class MemberService:
             spec = parse_job_file(script, overrides)
         except JobFileError as e:
             raise ServiceError(422, f"job file refused: {e}", refused=True) from None
+        if spec.container is not None:
+            # Never run a container job natively without a word (and containers cannot be
+            # enabled in this version: [CONTAINERS] enabled = true is refused at start).
+            raise ServiceError(422, f"refused: container={spec.container}: container jobs are not available yet: this "
+                                    "version has no Podman runner, and no node can have [CONTAINERS] enabled = true "
+                                    "until it has; drop container= to run the job natively", refused=True)
         if workdir and not spec.workdir:
             spec = replace(spec, workdir=workdir)
         elif spec.workdir and not spec.workdir.startswith("/"):
