@@ -6,8 +6,9 @@ appends its node's name to a marker file of its own. Mid-stream the scheduler is
 killed with SIGKILL. The benchmark prints the seconds from the kill until another
 member is the scheduler and until that scheduler placed its first job, then (the
 killed member is restarted a second later, as its service manager would) waits for
-every job to end and counts jobs lost (not completed) and jobs run twice (two
-lines in their marker file).
+every job to end and counts jobs lost (not completed, or never run) and jobs run
+twice (two lines in their marker file); `--json` also lists each such job's state,
+reason, attempt and runs, and `--keep-logs DIR` keeps the members' logs of such a run.
 
     python bench/failover.py [--jobs 150] [--json]     (as root)
 """
@@ -106,7 +107,6 @@ def main() -> int:
         states = {i: j["state"] for i, j in jobs.items()}
         runs = {i: (marks / str(i)).read_text().splitlines() if (marks / str(i)).exists() else [] for i in ids}
         twice = sum(1 for i in ids if len(runs[i]) > 1)
-        never = sum(1 for i in ids if not runs[i])
         details = {i: {"state": jobs[i]["state"], "reason": jobs[i].get("reason"), "attempt": jobs[i].get("attempt"),
                        "runs": runs[i]}
                    for i in ids if len(runs[i]) != 1 or states[i] != "completed"}
@@ -122,7 +122,7 @@ def main() -> int:
             "new_scheduler": member_name(new),
             "elected_s": round(t_elected - t_kill, 3),
             "next_placement_s": round(t_placed - t_kill, 3),
-            "lost": sum(1 for s in states.values() if s != "completed") + never,
+            "lost": sum(1 for i in ids if states[i] != "completed" or not runs[i]),
             "run_twice": twice,
             "details": details,
         }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..model.gpu import GpuInfo, HostInfo
-from .runners.base import ExitInfo, Launch, Runner
+from .runners.base import NEVER_STARTED, RUNNING, Launch, LocalRun, Runner
 from .runners.native import NativeRunner
 from .telemetry import open_backend
 from .telemetry.base import GpuBackend
@@ -27,11 +27,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Reattach:
-    """What became of a job that was running when the agent last stopped."""
+    """What became of a run recorded on disk when the agent last stopped."""
 
     job_id: int
-    outcome: str  # "running" | "ended" | "never-started" | "lost"
-    exit: ExitInfo | None = None
+    attempt: int
+    outcome: str  # runners.base: RUNNING, ENDED, NEVER_STARTED or LOST
 
 
 class LocalAgent:
@@ -84,18 +84,15 @@ class LocalAgent:
         self._save(launch.job_id, {"attempt": attempt, "runner": state})
         return self.runner.enforced(launch.job_id)
 
-    def reap(self) -> list[tuple[int, ExitInfo]]:
-        """The jobs that ended since the last call (jobs being stopped are left to stop())."""
-        ended = []
+    def runs(self) -> dict[int, LocalRun]:
+        """Every run this machine knows (being stopped excepted): its attempt, and how it
+        ended, None while it runs. Ended runs stay until forget()."""
         with self._lock:
-            candidates = [j for j in self._active if j not in self._stopping]
-        for job_id in candidates:
-            info = self.runner.poll(job_id)
-            if info is not None:
-                ended.append((job_id, info))
-        return ended
+            candidates = {j: a for j, a in self._active.items() if j not in self._stopping}
+        return {j: LocalRun(j, a, self.runner.poll(j)) for j, a in candidates.items()}
 
     def stop(self, job_id: int, grace_s: float = 3.0) -> None:
+        """Stop a run; it stays known (ended, `stopped`) until forget()."""
         with self._lock:
             if job_id not in self._active:
                 return
@@ -103,7 +100,8 @@ class LocalAgent:
         try:
             self.runner.stop(job_id, grace_s=grace_s)
         finally:
-            self.forget(job_id)
+            with self._lock:
+                self._stopping.discard(job_id)
 
     def forget(self, job_id: int) -> None:
         """Drop a job whose end has been recorded."""
@@ -120,7 +118,7 @@ class LocalAgent:
         """The run folder of an earlier attempt of this job: make sure nothing of it
         still runs, then remove it."""
         try:
-            if self.runner.load_state(job_id, self._load(self._dir / f"{job_id}.json").get("runner") or {}):
+            if self.runner.load_state(job_id, self._load(self._dir / f"{job_id}.json").get("runner") or {}) == RUNNING:
                 self.runner.stop(job_id, grace_s=1.0)
             self.runner.forget(job_id)
         except OSError as e:
@@ -133,43 +131,32 @@ class LocalAgent:
         except FileNotFoundError:
             pass
 
-    def active(self) -> set[int]:
-        with self._lock:
-            return set(self._active)
-
-    def attempts(self) -> dict[int, int]:
-        """The attempt of each job running here."""
-        with self._lock:
-            return dict(self._active)
-
     def gpu_indices(self) -> list[int]:
         return [g.index for g in self._last_gpus]
 
-    def recorded_attempt(self, job_id: int) -> int | None:
-        """The attempt of this job a run record on disk says was started here (by this
-        server or an earlier one), or None."""
-        if job_id in self._active:
-            return self._active[job_id]
-        record = self._load(self._dir / f"{job_id}.json")
-        return record.get("attempt") if record else None
-
-    def reattach(self, job_ids: list[int]) -> list[Reattach]:
-        """After a restart: find out, for each job the state says runs here, what became of it."""
+    def recover(self) -> list[Reattach]:
+        """After a restart: re-attach to every run recorded on disk, whatever the state
+        says of its job (the state may be stale or still arriving; the agent loop
+        decides). A run that never started is discarded: it may be started again."""
         results = []
-        for job_id in job_ids:
-            record = self._load(self._dir / f"{job_id}.json")
-            run_dir = self.state_dir / "runs" / str(job_id)
-            if not run_dir.exists():
+        for path in sorted(self._dir.glob("*.json"), key=lambda p: p.name):
+            stem = path.name[: -len(".json")]
+            if not stem.isdigit():
+                continue
+            job_id = int(stem)
+            record = self._load(path)
+            attempt = int(record.get("attempt", 0))
+            if not (self.state_dir / "runs" / str(job_id)).exists():
+                outcome = NEVER_STARTED
+            else:
+                outcome = self.runner.load_state(job_id, record.get("runner") or {})
+            if outcome == NEVER_STARTED:
+                self._discard_old_run(job_id)
                 self._drop_record(job_id)
-                results.append(Reattach(job_id, "never-started"))
-                continue
-            if not self.runner.load_state(job_id, record.get("runner") or {}):
-                results.append(Reattach(job_id, "lost"))
-                continue
-            with self._lock:
-                self._active[job_id] = record.get("attempt", 0)
-            info = self.runner.poll(job_id)
-            results.append(Reattach(job_id, "ended" if info else "running", info))
+            else:
+                with self._lock:
+                    self._active[job_id] = attempt
+            results.append(Reattach(job_id, attempt, outcome))
         return results
 
     def _save(self, job_id: int, state: dict) -> None:

@@ -155,6 +155,13 @@ def show(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
     ]
     if j["array_index"] is not None:
         rows.insert(2, ("array", f"{j['array_parent']}[{j['array_index']}]"))
+    for h in j.get("history") or []:
+        line = f"attempt {h['attempt']} on {','.join(h['nodes']) or '-'}: {h['outcome']}"
+        late = h.get("late")
+        if late and not late["taken"]:
+            line += (f"; its member reported later that it also ran there to the end ({late['state']}"
+                     + (f", exit {late['exit_code']}" if late["exit_code"] is not None else "") + ")")
+        rows.append(("history", line))
     for k, v in rows:
         out.print(f"{k:>10}  {v}", markup=False)
 

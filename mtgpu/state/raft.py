@@ -29,6 +29,7 @@ import itertools
 import logging
 import secrets
 import threading
+import time
 from pathlib import Path
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
@@ -287,6 +288,20 @@ class RaftState:
     # ------------------------------------------------------------------ roles
     def is_leader(self) -> bool:
         return not self._reopening and self._sync._isLeader() and self._sync.hasQuorum
+
+    def majority_heard_age_s(self) -> float:
+        """On the leader: seconds since a majority of the voters (itself counted) last
+        answered it; a leader cut off from its followers sees this grow from its last
+        exchange with them, before it knows it lost the lead. (Reads pysyncobj's record
+        of each follower's last response; a single voter is its own majority.)"""
+        sync = self._sync
+        others = list(sync.otherNodes)
+        need = (len(others) + 1) // 2  # answers needed besides its own
+        if need == 0:
+            return 0.0
+        heard = getattr(sync, "_SyncObj__lastResponseTime", None) or {}
+        times = sorted((heard.get(n, 0.0) for n in others), reverse=True)
+        return max(0.0, time.monotonic() - times[need - 1])
 
     def leader_address(self) -> str | None:
         leader = self._sync._getLeader()

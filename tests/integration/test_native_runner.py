@@ -269,7 +269,7 @@ def test_a_new_runner_reattaches_to_a_running_job(runners, tenant):
     state = first.get_state(1)
 
     second = runners.new()  # the server restarted
-    assert second.load_state(1, state) is True
+    assert second.load_state(1, state) == "running"
     assert second.poll(1) is None
     info = wait_exit(second, 1)
     assert (info.exit_code, info.signal) == (3, None)
@@ -284,7 +284,7 @@ def test_reattach_without_the_persisted_state_still_finds_and_stops_the_job(runn
     wait_for("the job's sleeps", lambda: sleeps <= {cmdline(p) for p in marked_pids(1, state["run_token"])})
 
     second = runners.new()  # restarted, and the agent lost its copy of the state
-    assert second.load_state(1, {}) is True
+    assert second.load_state(1, {}) == "running"
     assert second.poll(1) is None
     second.stop(1, grace_s=1)
     assert marked_pids(1, state["run_token"]) == set()
@@ -305,7 +305,7 @@ def test_a_job_whose_shim_and_process_were_killed_is_lost(runners, tenant):
     del first._runs[1]
 
     second = runners.new()
-    assert second.load_state(1, state) is False
+    assert second.load_state(1, state) == "lost"
     info = second.poll(1)
     assert info is not None and info.exit_code is None and "lost" in info.reason
 

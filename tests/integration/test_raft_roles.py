@@ -117,3 +117,25 @@ def test_proposals_in_flight_when_a_member_reopens_all_get_an_answer(tmp_path):
         for s in stores:
             with contextlib.suppress(Exception):
                 s.close()
+
+
+def test_the_leader_knows_how_long_ago_a_majority_answered_it(tmp_path):
+    """The jobs' lease on the scheduler's own member lapses from its last exchange with
+    a majority, not from the moment it notices that it lost the lead."""
+    secret = secrets.token_urlsafe(48)
+    addrs = [f"127.0.0.1:{free_port_pair()}" for _ in range(3)]
+    stores = [RaftState(tmp_path / a.replace(":", "_"), a, addrs, secret) for a in addrs]
+    try:
+        leader = leader_of(stores)
+        register(leader, "n0")
+        wait_for("answers from the followers", lambda: leader.majority_heard_age_s() < 0.5, timeout_s=20)
+        gone = time.monotonic()
+        for s in stores:
+            if s is not leader:
+                s.close()
+        age = wait_for("the age to grow", lambda: (a := leader.majority_heard_age_s()) >= 1.5 and a, timeout_s=20)
+        assert age <= time.monotonic() - gone + 0.5
+    finally:
+        for s in stores:
+            with contextlib.suppress(Exception):
+                s.close()

@@ -103,7 +103,7 @@ def member_name(node: Node) -> str:
 
 
 @contextlib.contextmanager
-def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after_s: float = 4.0,
+def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after_s: float = 8.0,
                     settings: list[dict] | None = None) -> Iterator[Cluster]:
     base = Path(tempfile.mkdtemp(prefix="mtgpu-cl-"))
     os.chmod(base, 0o755)

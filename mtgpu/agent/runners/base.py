@@ -33,11 +33,35 @@ class Launch:
 
 @dataclass
 class ExitInfo:
-    """How a job ended. `exit_code` is None when a signal killed it (then `signal` says which)."""
+    """How a job ended. `exit_code` is None when a signal killed it (then `signal` says which).
+    `fenced`: the job's supervisor killed it because this member lost the cluster;
+    `stopped`: the agent stopped it; `lost`: its processes were gone with no exit record
+    (a reboot). None of these is an end of the job's own."""
 
     exit_code: int | None
     signal: int | None
     reason: str
+    fenced: bool = False
+    stopped: bool = False
+    lost: bool = False
+
+    @property
+    def natural(self) -> bool:
+        """The job ended by itself (its own exit, or a signal none of ours): its real outcome."""
+        return not (self.fenced or self.stopped or self.lost)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRun:
+    """A run this machine knows: its job's attempt, and how it ended (None: it runs)."""
+
+    job_id: int
+    attempt: int
+    ended: ExitInfo | None = None
+
+
+# What load_state found of a run after a restart.
+RUNNING, ENDED, NEVER_STARTED, LOST = "running", "ended", "never-started", "lost"
 
 
 class RunnerError(RuntimeError):
@@ -60,8 +84,10 @@ class Runner(Protocol):
 
     def get_state(self, job_id: int) -> dict: ...
 
-    def load_state(self, job_id: int, state: dict) -> bool:
-        """Re-attach after a restart: True if the job runs or left its exit record, False if lost."""
+    def load_state(self, job_id: int, state: dict) -> str:
+        """Re-attach after a restart: RUNNING, ENDED (its exit record is there), NEVER_STARTED
+        (no instruction of the job ran: it may be started again) or LOST (it ran, and its
+        processes are gone with no exit record)."""
         ...
 
     def enforced(self, job_id: int) -> dict:

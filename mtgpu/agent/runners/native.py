@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtgpu.agent.runners.base import ExitInfo, Launch, RunnerError
+from mtgpu.agent.runners.base import ENDED, LOST, NEVER_STARTED, RUNNING, ExitInfo, Launch, RunnerError
 from mtgpu.agent.runners.cgroups import CgroupManager, gpu_device_nodes
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
@@ -81,6 +81,24 @@ def marked_pids(job_id: int, token: str) -> set[int]:
         if want[0] in env and want[1] in env:
             found.add(int(name))
     return found
+
+
+def _find_shim(job_dir: Path) -> tuple[int, int] | None:
+    """(pid, start time) of a live shim supervising `job_dir`, found by its command line."""
+    want = [SHIM_PATH.encode(), str(job_dir).encode()]
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[-3:-1] == want or argv[-2:] == want:
+            start = _starttime(int(name))
+            if start is not None:
+                return int(name), start
+    return None
 
 
 def _pgroup_pids(pgid: int) -> set[int]:
@@ -246,7 +264,7 @@ class NativeRunner:
         rec = _read_json(run.job_dir / "exit.json")
         if rec is None:
             return None
-        code, sig, why = rec.get("exit_code"), rec.get("signal"), rec.get("reason") or ""
+        code, sig, why, fenced = rec.get("exit_code"), rec.get("signal"), rec.get("reason") or "", bool(rec.get("fenced"))
         if not why:
             if sig is not None:
                 try:
@@ -256,7 +274,7 @@ class NativeRunner:
                 why = f"killed by {name}" + (" (stopped)" if run.stopped else "")
             else:
                 why = f"exited with code {code}"
-        return ExitInfo(code, sig, why)
+        return ExitInfo(code, sig, why, fenced=fenced, stopped=run.stopped)
 
     def _child(self, run: _Run) -> dict:
         return _read_json(run.job_dir / "started.json") or {}
@@ -281,7 +299,7 @@ class NativeRunner:
                 return None  # the shim died, the job itself still runs
             why = "stopped; the runner shim was killed before it recorded the exit" if run.stopped else \
                 "lost: the runner shim ended without an exit record"
-            info = ExitInfo(None, None, why)
+            info = ExitInfo(None, None, why, stopped=run.stopped, lost=not run.stopped)
         if run.shim is not None:
             run.shim.poll()
         run.exit = info
@@ -295,7 +313,7 @@ class NativeRunner:
             run.state["job_starttime"] = child.get("starttime")
         return dict(run.state)
 
-    def load_state(self, job_id: int, state: dict) -> bool:
+    def load_state(self, job_id: int, state: dict) -> str:
         job_dir = Path(state.get("job_dir") or self.runs_dir / str(job_id))
         state = dict(state, job_dir=str(job_dir), job_id=job_id)
         if "run_token" not in state:  # the persisted state was lost: rebuild it from launch.json
@@ -303,15 +321,24 @@ class NativeRunner:
             state["run_token"] = spec.get("env", {}).get("MTGPU_RUN_TOKEN", "")
             state.setdefault("cgroups", {str(i): os.path.dirname(p) for i, p in enumerate(spec.get("cgroup_procs", []))})
             state.setdefault("cgroup_version", self.cgroups.version)
+        if not state.get("shim_pid"):  # the server died before it recorded the shim: look for it
+            shim = _find_shim(job_dir)
+            if shim is not None:
+                state["shim_pid"], state["shim_starttime"] = shim
         known = self._runs.get(job_id)
         run = _Run(state, shim=known.shim if known is not None else None)
         self._runs[job_id] = run
         if state.get("cgroups"):
             self.cgroups.attach(job_id, state.get("cgroup_version") or "", state["cgroups"])
-        if (job_dir / "exit.json").exists() or self._shim_alive(run):
-            return True
+        if (job_dir / "exit.json").exists():
+            return ENDED
+        if self._shim_alive(run):
+            return RUNNING
         child = self._child(run)
-        return _alive(child.get("pid"), child.get("starttime"))
+        if not child:
+            # No started.json and no shim: the job never got past the shim's go (shim.py).
+            return NEVER_STARTED
+        return RUNNING if _alive(child.get("pid"), child.get("starttime")) else LOST
 
     def enforced(self, job_id: int) -> dict:
         return dict(self._run(job_id).state.get("enforced", {}))

@@ -7,7 +7,9 @@ ours: it must start fast and must not depend on the server's environment.
 JOB_DIR (root-owned, 0700) holds launch.json (written by the runner), `script`
 (0600, owned by the tenant) and, written here: started.json (the job's pid and its
 start time, to detect PID reuse on re-attach) and exit.json (written atomically when
-the job ends). The shim ignores SIGHUP and forwards SIGTERM/SIGINT to the job's
+the job ends). The job's process waits for started.json to be on disk before it runs
+anything of the job, so a run without started.json never ran a single instruction of
+the job: after a crash, such a run can be started again without running twice. The shim ignores SIGHUP and forwards SIGTERM/SIGINT to the job's
 process group. It stays *outside* the job's cgroups: the job process joins them
 itself between fork and exec (still root, before any job code runs), so an OOM kill
 or a cgroup-wide kill takes the job and never the shim, which then records the truth.
@@ -75,10 +77,16 @@ def _open_log(path, uid, gid):
     return fd
 
 
-def _child(spec, log_fd, script_fd, err_w):
-    """In the forked child: confine, drop to the tenant, exec. Never returns."""
+def _child(spec, log_fd, script_fd, err_w, go_r):
+    """In the forked child: wait for the shim's go, confine, drop to the tenant, exec.
+    Never returns."""
     step = "start"
     try:
+        # The go comes once started.json is on disk; no byte (EOF) means the shim died
+        # before: then nothing of the job may run.
+        if os.read(go_r, 1) != b"g":
+            os._exit(126)
+        os.close(go_r)
         os.setsid()
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
@@ -178,21 +186,26 @@ def main(job_dir):
                                        "reason": "could not prepare the job: %s" % e})
         return 0
     err_r, err_w = os.pipe()  # both close-on-exec: EOF on exec success
+    go_r, go_w = os.pipe()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGINT])
     pid = os.fork()
     if pid == 0:
         os.close(err_r)
-        _child(spec, log_fd, script_fd, err_w)
+        os.close(go_w)
+        _child(spec, log_fd, script_fd, err_w, go_r)
     _child_pid = pid
     signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a SIGTERM that came meanwhile is forwarded now
+    os.close(go_r)
     os.close(err_w)
     os.close(log_fd)
     os.close(script_fd)
     try:
         _write_json_atomic(os.path.join(job_dir, "started.json"),
                            {"pid": pid, "starttime": _starttime(pid), "started_at": time.time()})
+        os.write(go_w, b"g")
     except OSError:
-        pass  # the child is already gone; its exit is recorded below
+        pass  # the child is already gone (or may not run): its exit is recorded below
+    os.close(go_w)
     chunks = []
     while True:
         b = os.read(err_r, 4096)
@@ -211,7 +224,8 @@ def main(job_dir):
         if got == 0:
             break
 
-    rec = {"exit_code": None, "signal": None, "ended_at": time.time(), "reason": setup_error or fenced}
+    rec = {"exit_code": None, "signal": None, "ended_at": time.time(), "reason": setup_error or fenced,
+           "fenced": bool(fenced)}
     if status is not None:
         if os.WIFSIGNALED(status):
             rec["signal"] = os.WTERMSIG(status)

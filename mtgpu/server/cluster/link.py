@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 SIGNATURE_MAX_AGE_S = 30.0
 REPORT_EVERY_S = 1.0
+RETRY_REPORT_S = 0.25
 
 
 # ---------------------------------------------------------------- secret and signatures
@@ -114,7 +115,10 @@ class ClusterLink:
         self.store: RaftState | None = None
         self._http = httpx.Client(timeout=httpx.Timeout(3.0, connect=1.0))
         self._stop = threading.Event()
-        self._last_report_ok = 0.0
+        self._last_report_ok = 0.0     # monotonic time the last accepted report was sent
+        self._last_report_sent_at = 0.0  # the same moment, wall clock (the jobs' lease)
+        self._leader_commit: int | None = None  # the scheduler's commit index in its last answer
+        self._last_leader: str | None = None  # the API address of the scheduler that took the last report
         self._pending_cache: tuple[float, dict[int, str]] = (0.0, {})
         self._thread: threading.Thread | None = None
         self._keeper_thread: threading.Thread | None = None
@@ -272,28 +276,39 @@ class ClusterLink:
                 log.exception("voters: the step failed")
 
     def _report_loop(self) -> None:
-        while not self._stop.wait(REPORT_EVERY_S):
+        """Report at once, then every REPORT_EVERY_S; after a report that was not taken,
+        again soon: the jobs' lease is only as fresh as the last report taken."""
+        wait = 0.0
+        while not self._stop.wait(wait):
             try:
-                self.report_once()
-            except Exception as e:  # the scheduler may be changing; next second again
+                wait = REPORT_EVERY_S if self.report_once() else RETRY_REPORT_S
+            except Exception as e:  # the scheduler may be changing; try again soon
                 log.debug("report failed: %s", e)
+                self._last_leader = None
+                wait = RETRY_REPORT_S
 
-    def report_once(self) -> None:
+    def report_once(self) -> bool:
+        """Send this member's report to the scheduler; True when it was taken (or this
+        member schedules itself)."""
         tel = self.member.local_telemetry
         if tel is None:
-            return
+            return False
         if self.store.is_leader():
-            self._last_report_ok = time.monotonic()
             self._no_leader_since = 0.0
-            return
+            return True
         leader = self.leader_api()
+        if leader is None and self._last_leader is not None:
+            # The replica knows no leader for a moment (it is reopening in a new role, or
+            # just started): keep reporting to the scheduler that took the last report.
+            leader = self._last_leader
         if leader is None:
             leader = self._find_leader()
             if leader is None:
-                return
+                return False
         else:
             self._no_leader_since = 0.0
         store = self.store
+        sent, sent_wall = time.monotonic(), time.time()
         answer = self.call(leader, "POST", "/cluster/v1/report", {
             "node": self.node_name,
             "gpus": [g.to_dict() for g in tel.gpus],
@@ -301,8 +316,11 @@ class ClusterLink:
             "raft": {"voter": store.is_voter(), "applied": store.applied_index(), "caught_up": store.caught_up(),
                      "generation": store.generation, "boot": store.boot},
         }, timeout_s=2.0)
-        self._last_report_ok = time.monotonic()
+        self._last_report_ok, self._last_report_sent_at, self._last_leader = sent, sent_wall, leader
+        if isinstance(answer.get("commit"), int):
+            self._leader_commit = answer["commit"]
         self._check_counted(answer.get("voters"))
+        return True
 
     def _check_counted(self, voters: list[str] | None) -> None:
         """A voter that the scheduler twice in a row does not count (it was taken out
@@ -324,8 +342,8 @@ class ClusterLink:
         if not self._no_leader_since:
             self._no_leader_since = now
         at, found = self._found_leader
-        if now - self._no_leader_since < 3.0 or now - at < 2.0:
-            return found if now - at < 2.0 else None
+        if now - self._no_leader_since < 1.0 or now - at < 1.0:
+            return found if now - at < 1.0 else None
         known = {advertised(n.address) for n in self.store.machine.nodes.values() if n.address}
         known |= {advertised(p) for p in self.config.PEERS}
         known.discard(self.listen)
@@ -353,7 +371,8 @@ class ClusterLink:
             raise ReplicationError("this member does not schedule (any more); ask the cluster who does")
         self.keeper.on_report(payload["node"], payload.get("raft"))
         self.member.wake()
-        return {"ok": True, "voters": self.store.voters(), "term": self.store.term()}
+        return {"ok": True, "voters": self.store.voters(), "term": self.store.term(),
+                "commit": self.store.commit_index()}
 
     def in_touch(self) -> bool:
         """Whether this member may keep its jobs running: it leads with a quorum, or
@@ -361,6 +380,24 @@ class ClusterLink:
         if self.store.is_leader():
             return True
         return time.monotonic() - self._last_report_ok < 3 * REPORT_EVERY_S
+
+    def lease_time(self) -> float | None:
+        """The moment this member last knew itself in the cluster (wall clock), for the
+        jobs' lease: while it leads, when a majority of the voters last answered it;
+        else when it sent the last report the scheduler took. The scheduler counts silence from when it received that
+        report, which is later, so a job's lease lapses before its member is marked down."""
+        if self.store.is_leader():
+            return time.time() - self.store.majority_heard_age_s()
+        return self._last_report_sent_at if self.in_touch() else None
+
+    def in_sync(self) -> bool:
+        """Whether this member reads the cluster's current state, so that its agent may
+        start and stop jobs: the scheduler took a report of it recently, and its replica
+        has applied everything the scheduler had committed when it answered. (A member
+        back from a crash or a role change reads a stale replica until then.)"""
+        if not self.in_touch() or self._leader_commit is None or not self.store.caught_up():
+            return False
+        return self.store.applied_index() >= self._leader_commit
 
     # ------------------------------------------------------------ the scheduler's duties
     # ------------------------------------------------------------ reads from other members

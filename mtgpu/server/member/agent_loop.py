@@ -1,15 +1,10 @@
-"""The agent's side of a member: make this machine run exactly what the committed
-state says it should, and report what ended.
+"""The agent's side of a member: carry out what `reconcile` decides (start, stop,
+report), so this machine runs exactly what the committed state places on it.
 
-Each pass reconciles the state (the local replica) with the processes here:
-- a rank placed on this node and not started for this attempt is started (a gang's
-  rank 0 first publishes its rendezvous port; the other ranks wait for it);
-- a process whose job is no longer running here (cancelled, failed elsewhere in its
-  gang, requeued after this node was marked down) is stopped;
-- a process that ended is reported; a report that cannot be committed now (no
-  leader) is kept and sent again on the next pass;
-- a rank past its `time=` limit is stopped and reported failed.
-The agent never places a job: it only carries out placements.
+Each pass reads the state (the local replica) and the runs of this machine, asks the
+pure `reconcile.reconcile` for actions and applies them. A report that cannot be
+committed now (no leader) is kept and sent again on the next pass. The agent never
+places a job: it only carries out placements.
 """
 
 from __future__ import annotations
@@ -20,13 +15,13 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...agent.local import LocalAgent
-from ...agent.runners.base import ExitInfo, Launch, RunnerError
-from ...model.job import Job, JobState
-from ...model.units import format_duration
-from ...state import commands as C
 from ...accounts.lookup import home_of, supplementary_groups
+from ...agent.local import LocalAgent
+from ...agent.runners.base import ENDED, LOST, RUNNING, Launch, RunnerError
+from ...model.job import Job, JobState
+from ...state import commands as C
 from .jobenv import job_env
+from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +29,10 @@ LOG_SWEEP_EVERY_S = 60.0
 
 
 @dataclass(slots=True)
-class _Report:
-    job_id: int
-    attempt: int
-    rank: int
+class _Unsent:
+    """A report to commit; the run it reports on is forgotten once it is committed."""
+
+    command: str
     args: dict
 
 
@@ -52,85 +47,85 @@ class AgentLoop:
         self.clock = clock
         self.advertise_host = advertise_host
         self.lease = lease
-        self._unsent: dict[int, _Report] = {}
+        self._unsent: dict[int, _Unsent] = {}
         self._next_log_sweep = 0.0
         self._jobs_known = 0
         self._node_vendors: set[str] = set()
 
     # ------------------------------------------------------------ start-up
     def recover(self) -> None:
-        """Re-attach to the ranks that were running here when this server stopped."""
-        mine = {j.id: j for j in self.store.machine.running_jobs() if self._my_rank(j) is not None}
-        self._reattach(mine)
-
-    def _reattach(self, mine: dict[int, Job]) -> None:
-        for r in self.agent.reattach(sorted(mine)):
-            job = mine[r.job_id]
-            rank = self._my_rank(job)
-            if r.outcome == "never-started":
-                continue  # the next pass starts it: it never ran
-            if r.outcome == "lost":
-                self.agent.forget(r.job_id)
-                self._queue_report(job, rank, state="lost",
-                                   reason=f"its processes on {self.node_name} were gone, with no exit record, "
-                                          "when the server restarted")
-            elif r.outcome == "ended":
-                self._report_exit(job, rank, r.exit)
+        """Re-attach to the runs recorded on this machine when the server stopped."""
+        for r in self.agent.recover():
+            if r.outcome == RUNNING:
+                log.info("job %d (attempt %d) re-attached after restart: it still runs", r.job_id, r.attempt)
+            elif r.outcome == ENDED:
+                log.info("job %d (attempt %d) ended while the server was down; its end is reported", r.job_id,
+                         r.attempt)
+            elif r.outcome == LOST:
+                log.warning("job %d (attempt %d): its processes were gone with no exit record", r.job_id, r.attempt)
             else:
-                log.info("job %d rank %d re-attached after restart", r.job_id, rank)
+                log.info("job %d (attempt %d) had not started when the server stopped: it may start now", r.job_id,
+                         r.attempt)
 
     # ------------------------------------------------------------ one pass
-    def run_once(self, node_vendors: set[str]) -> None:
+    def run_once(self, node_vendors: set[str], in_sync: bool = True) -> None:
+        """One reconcile-and-apply pass. `in_sync`: this member reads the cluster's
+        current state (see reconcile); when False it only reports the ends of runs."""
         self._node_vendors = node_vendors
         now = self.clock()
-        for job_id, info in self.agent.reap():
-            job = self.store.machine.jobs.get(job_id)
-            rank = self._my_rank(job) if job else None
-            if job is None or rank is None or job.state is not JobState.RUNNING:
-                self.agent.forget(job_id)
-                continue
-            self._report_exit(job, rank, info)
         self._send_reports()
-        active = self.agent.active()
-        started_attempts = self.agent.attempts()
-        wanted: dict[int, tuple[Job, int]] = {}
+        runs = self.agent.runs()
         with self.store.lock:
-            running = list(self.store.machine.running_jobs())
-        for job in running:
-            rank = self._my_rank(job)
-            if rank is not None and job.id not in self._unsent:
-                wanted[job.id] = (job, rank)
-        # Stop what should not run here any more.
-        for job_id in active:
-            w = wanted.get(job_id)
-            if w is None or started_attempts.get(job_id) != w[0].attempt:
-                if job_id in self._unsent:
-                    continue
-                log.info("job %d: no longer placed here (attempt %s); stopping it", job_id, started_attempts.get(job_id))
-                self.agent.stop(job_id)
-        # Time limits.
-        for job_id, (job, rank) in wanted.items():
-            limit = job.spec.time_limit_s
-            if limit and job.started_at is not None and now - job.started_at > limit and job_id in active:
-                self.agent.stop(job_id)
-                self._queue_report(job, rank, state="failed",
-                                   reason=f"time limit {format_duration(limit)} reached; the job was stopped")
+            machine = self.store.machine
+            placed = [p for job in machine.running_jobs() if (p := self._placed(job)) is not None]
+            late_wanted = set()
+            for job_id, run in runs.items():
+                job = machine.jobs.get(job_id)
+                if job is not None and any(h["attempt"] == run.attempt and self.node_name in h["nodes"]
+                                           and "late" not in h for h in job.history):
+                    late_wanted.add((job_id, run.attempt))
+        for action in reconcile(placed, runs, set(self._unsent), late_wanted, in_sync, now, self.node_name):
+            self._apply_action(action, runs)
         self._send_reports()
-        # Start what should run here. A run of the same attempt recorded on disk was
-        # started by an earlier life of this server whose state had not arrived when it
-        # recovered (e.g. a restart while its replica was being refilled): re-attach it.
-        for job_id, (job, rank) in wanted.items():
-            if job_id in active or started_attempts.get(job_id) == job.attempt or str(rank) in job.rank_exits:
-                continue
-            if self.agent.recorded_attempt(job_id) == job.attempt:
-                self._reattach({job_id: job})
-                continue
-            self._start(job, rank)
         jobs_known = len(self.store.machine.jobs)
         if now >= self._next_log_sweep or jobs_known < self._jobs_known:  # jobs were forgotten
             self._next_log_sweep = now + LOG_SWEEP_EVERY_S
             self.sweep_logs()
         self._jobs_known = jobs_known
+
+    def _placed(self, job: Job) -> PlacedRank | None:
+        rank = self._my_rank(job)
+        if rank is None:
+            return None
+        return PlacedRank(job.id, job.attempt, rank, len(job.allocations), job.started_at, job.spec.time_limit_s,
+                          job.spec.requeue, job.master_port, str(rank) in job.rank_exits)
+
+    def _apply_action(self, action, runs) -> None:
+        if isinstance(action, Start):
+            job = self.store.machine.jobs.get(action.placed.job_id)
+            if job is not None and job.state is JobState.RUNNING and job.attempt == action.placed.attempt:
+                self._start(job, action.placed.rank)
+        elif isinstance(action, Stop):
+            log.info("job %d: %s; stopping it", action.job_id, action.why)
+            self.agent.stop(action.job_id)
+        elif isinstance(action, Report):
+            cmd = C.JOB_REQUEUE if action.command == "requeue" else C.JOB_FINISH
+            args = {"attempt": action.attempt, **action.args}
+            if cmd == C.JOB_FINISH:
+                args["rank"] = action.rank
+            self._unsent[action.job_id] = _Unsent(cmd, {"job_id": action.job_id, **args})
+        elif isinstance(action, LateReport):
+            e = action.ended
+            args = {"exit_code": e.exit_code} if e.exit_code is not None else \
+                {"state": "failed", "reason": e.reason or f"killed by signal {e.signal}"}
+            if e.exit_code not in (None, 0):
+                args["reason"] = e.reason or f"exited with status {e.exit_code}"
+            log.info("job %d: attempt %d, requeued off this member, ended here; reporting it late", action.job_id,
+                     action.attempt)
+            self._unsent[action.job_id] = _Unsent(C.JOB_LATE_REPORT, {"job_id": action.job_id, "attempt": action.attempt,
+                                                                       "node": self.node_name, **args})
+        elif isinstance(action, Forget):
+            self.agent.forget(action.job_id)
 
     def sweep_logs(self) -> int:
         """Delete the log files of jobs the state forgot (JOB_RETENTION_DAYS); returns how many."""
@@ -159,8 +154,6 @@ class AgentLoop:
         master = None
         if len(job.allocations) > 1:
             if job.master_port is None:
-                if rank != 0:
-                    return  # wait for rank 0 to publish the rendezvous port
                 port = _free_port()
                 r = self._apply(C.JOB_ANNOTATE, job_id=job.id, master_port=port, attempt=job.attempt)
                 if not r or not r["ok"]:
@@ -185,27 +178,22 @@ class AgentLoop:
         try:
             enforced = self.agent.start(launch, attempt=job.attempt)
         except (RunnerError, OSError) as e:
-            self._queue_report(job, rank, state="failed", reason=f"could not start on {self.node_name}: {e}")
+            self._unsent[job.id] = _Unsent(C.JOB_FINISH, {
+                "job_id": job.id, "attempt": job.attempt, "rank": rank, "state": "failed",
+                "reason": f"could not start on {self.node_name}: {e}"})
             self._send_reports()
             return
         if rank == 0:
             self._apply(C.JOB_ANNOTATE, job_id=job.id, enforced=enforced, attempt=job.attempt)
 
-    def _report_exit(self, job: Job, rank: int, info: ExitInfo) -> None:
-        if info.exit_code is None:
-            self._queue_report(job, rank, state="failed", reason=info.reason or f"killed by signal {info.signal}")
-        else:
-            reason = "" if info.exit_code == 0 else (info.reason or f"exited with status {info.exit_code}")
-            self._queue_report(job, rank, exit_code=info.exit_code, reason=reason)
-
-    def _queue_report(self, job: Job, rank: int, **args) -> None:
-        self._unsent[job.id] = _Report(job.id, job.attempt, rank, args)
-
     def _send_reports(self) -> None:
         for job_id, rep in list(self._unsent.items()):
-            r = self._apply(C.JOB_FINISH, job_id=job_id, at=self.clock(), attempt=rep.attempt, rank=rep.rank, **rep.args)
+            r = self._apply(rep.command, at=self.clock(), **rep.args)
             if r is None:
                 continue  # not committed now; try again next pass
+            if rep.command == C.JOB_LATE_REPORT and r["ok"]:
+                log.info("job %d: the late report of attempt %s was %s", job_id, rep.args["attempt"],
+                         "taken as the job's outcome" if r.get("taken") else "noted in its history")
             del self._unsent[job_id]
             self.agent.forget(job_id)
 

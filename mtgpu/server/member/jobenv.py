@@ -38,6 +38,8 @@ def job_env(job: Job, rank: int, node_name: str, user: str, home: str,
         "MTGPU_JOB_NAME": job.spec.name or f"job-{job.id}",
         "MTGPU_TENANT": job.tenant,
         "MTGPU_GPU_MODE": job.spec.gpu_mode.value,
+        # how many times the job was requeued before this run (Slurm's SLURM_RESTART_COUNT)
+        "MTGPU_RESTART_COUNT": str(job.attempt),
     }
     if job.array_index is not None:
         env["MTGPU_ARRAY_INDEX"] = str(job.array_index)

@@ -29,17 +29,31 @@ TICK_S = 0.2
 TELEMETRY_EVERY_S = 1.0
 
 
+def lease_s(down_after_s: float) -> float:
+    """How long a job may run on after its member last sent a report the scheduler
+    took: less than the silence after which the scheduler marks the member down (and
+    requeues the job). The scheduler counts that silence from when it received the
+    report, which is later, so this one second (at most half) is margin enough for the
+    supervisor's 0.2 s check and the kill, and the copy cannot start before the
+    requeue is committed, placed and started."""
+    return down_after_s - min(1.0, down_after_s / 2)
+
+
 class Lease:
-    """A file the agent renews while this member is in touch with the cluster; job
-    shims kill their jobs when it grows older than timeout_s (self-fencing)."""
+    """A file whose modification time says when this member last knew itself in the
+    cluster; job shims kill their jobs when it grows older than timeout_s (self-fencing).
+    A new lease is already lapsed: jobs start only once the member is in touch, and a
+    restart does not extend the lease of the jobs it re-attaches."""
 
     def __init__(self, path: Path, timeout_s: float) -> None:
         self.path = str(path)
         self.timeout_s = timeout_s
-        Path(path).touch()
+        if not Path(path).exists():
+            Path(path).touch()
+            os.utime(self.path, (0, 0))
 
-    def renew(self) -> None:
-        os.utime(self.path, None)
+    def renew(self, at: float) -> None:
+        os.utime(self.path, (at, at))
 
 
 class Member:
@@ -54,7 +68,7 @@ class Member:
         self.clock = clock
         self.scheduler = SchedulerRole(store, self.node_name, clock, down_after_s=down_after_s,
                                        job_retention_s=config.job_retention_s, tenant_retention_s=config.tenant_retention_s)
-        self.lease = Lease(self.state_dir / "agent" / "lease", down_after_s / 2) if cluster else None
+        self.lease = Lease(self.state_dir / "agent" / "lease", lease_s(down_after_s)) if cluster else None
         host = config.listen_host_port()[0]
         self.agent_loop = AgentLoop(store, agent, self.node_name, str(config.TENANT_HOME_ROOT), self.state_dir,
                                     clock, advertise_host=host, lease=self.lease)
@@ -102,6 +116,17 @@ class Member:
     def is_scheduler(self) -> bool:
         return self.store.is_leader()
 
+    def in_sync(self) -> bool:
+        """Whether the state this member reads is the cluster's current one (its agent
+        may start and stop jobs): always on a standalone node; on the scheduler once its
+        epoch is committed (everything before it is then applied); on another member,
+        see ClusterLink.in_sync."""
+        if self.cluster is None:
+            return True
+        if self.store.is_leader():
+            return self.scheduler.epoch == self.store.term()
+        return self.cluster.in_sync()
+
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -132,10 +157,12 @@ class Member:
         elif self.scheduler.epoch is not None:
             log.info("%s no longer schedules", self.node_name)
             self.scheduler.step_down()
-        if self.lease is not None and self.cluster is not None and self.cluster.in_touch():
-            self.lease.renew()
+        if self.lease is not None and self.cluster is not None:
+            at = self.cluster.lease_time()
+            if at is not None:
+                self.lease.renew(at)
         tel = self.local_telemetry
-        self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set())
+        self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set(), self.in_sync())
         self.accounts.run_once()
 
     def refresh_telemetry(self, force: bool = False) -> None:

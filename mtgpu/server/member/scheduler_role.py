@@ -106,7 +106,7 @@ class SchedulerRole:
                 self._apply(C.JOB_FINISH, job_id=job.id, at=now, state="failed", attempt=job.attempt, rank=ranks[0],
                             reason=f"rank {ranks[0]} on {node}: the node is down ({reason}); the other ranks were stopped")
             elif job.spec.requeue:
-                self._apply(C.JOB_REQUEUE, job_id=job.id, at=now,
+                self._apply(C.JOB_REQUEUE, job_id=job.id, at=now, attempt=job.attempt,
                             reason=f"lost on {node} (node down: {reason}); requeued")
             else:
                 self._apply(C.JOB_FINISH, job_id=job.id, at=now, state="lost", attempt=job.attempt,

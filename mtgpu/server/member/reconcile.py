@@ -1,0 +1,144 @@
+"""The agent's decision, pure: what this member must do so that it runs exactly what
+the committed state places on it, and so that every run's end is reported.
+
+`reconcile(placed, runs, ...)` takes the ranks the state places here, the runs this
+machine knows (running, or ended and not yet reported) and the time, and returns a
+list of actions; `agent_loop.AgentLoop` carries them out. No I/O, no clock.
+
+Rules, per job:
+- a run of the attempt placed here that ended: report it (JOB_FINISH); when the job's
+  supervisor fenced it (this member was out of touch) or its processes vanished with
+  no exit record (a reboot), the end is not the job's own: a single job that may be
+  requeued is requeued, a gang rank fails the gang, a job with `requeue=no` is lost;
+- a run of the attempt placed here past its `time=`: stop it and report it failed;
+- a run that is not (or no longer) placed here at its attempt: stop it while it runs;
+  once ended by itself, report it late when its attempt was requeued off this member
+  (the state machine takes that result if the requeued copy has not started, else
+  notes that the job also ran here), else forget it;
+- a rank placed here with no run: start it (a gang's other ranks wait for rank 0 to
+  publish the rendezvous port).
+Starting, stopping and late reports need `in_sync`: the state this member reads is
+the cluster's current one (standalone: always; a cluster member: its replica has
+applied what the scheduler had committed when it last answered this member), so a
+member back from a crash never acts on a stale plan. Reports of the placed attempt are
+checked against the attempt by the state machine and need no such care.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...agent.runners.base import ExitInfo, LocalRun
+from ...model.units import format_duration
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedRank:
+    """A rank the committed state places on this member."""
+
+    job_id: int
+    attempt: int
+    rank: int
+    ranks: int  # 1 for a single job, N for a gang
+    started_at: float | None
+    time_limit_s: float | None
+    requeue: bool  # the job may be requeued when its member fails (`requeue=` directive)
+    master_port: int | None = None
+    rank_done: bool = False  # this gang rank already reported a good end
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    placed: PlacedRank
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    job_id: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Commit how the placed attempt's rank ended: `command` is "finish" or "requeue"."""
+
+    job_id: int
+    attempt: int
+    rank: int
+    command: str
+    args: dict
+
+
+@dataclass(frozen=True, slots=True)
+class LateReport:
+    """An attempt that was requeued off this member ended here by itself."""
+
+    job_id: int
+    attempt: int
+    ended: ExitInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    job_id: int
+
+
+Action = Start | Stop | Report | LateReport | Forget
+
+
+def end_report(p: PlacedRank, ended: ExitInfo, node: str) -> Report:
+    """How to report the end of the placed attempt's rank."""
+    if ended.natural:
+        if ended.exit_code is None:
+            args = {"state": "failed", "reason": ended.reason or f"killed by signal {ended.signal}"}
+        else:
+            args = {"exit_code": ended.exit_code,
+                    "reason": "" if ended.exit_code == 0 else (ended.reason or f"exited with status {ended.exit_code}")}
+        return Report(p.job_id, p.attempt, p.rank, "finish", args)
+    what = ended.reason if ended.fenced else \
+        f"its processes on {node} were gone, with no exit record (the machine restarted?)"
+    if p.ranks > 1:
+        return Report(p.job_id, p.attempt, p.rank, "finish", {"state": "failed", "reason": what})
+    if p.requeue:
+        return Report(p.job_id, p.attempt, p.rank, "requeue", {"reason": f"{what}; requeued"})
+    return Report(p.job_id, p.attempt, p.rank, "finish",
+                  {"state": "lost", "reason": f"{what}; the job asked not to be requeued"})
+
+
+def reconcile(placed: list[PlacedRank], runs: dict[int, LocalRun], unsent: set[int], late_wanted: set[tuple[int, int]],
+              in_sync: bool, now: float, node: str) -> list[Action]:
+    """The actions that bring this member in line with the state (see the module's docstring).
+
+    `unsent`: jobs whose end report waits to be committed (left alone meanwhile);
+    `late_wanted`: (job, attempt) pairs requeued off this member with no late report yet."""
+    actions: list[Action] = []
+    by_job = {p.job_id: p for p in placed}
+    for job_id, run in sorted(runs.items()):
+        if job_id in unsent:
+            continue
+        p = by_job.get(job_id)
+        if p is not None and p.attempt == run.attempt:
+            if run.ended is not None:
+                actions.append(end_report(p, run.ended, node))
+            elif p.time_limit_s and p.started_at is not None and now - p.started_at > p.time_limit_s:
+                actions.append(Stop(job_id, f"time limit {format_duration(p.time_limit_s)} reached"))
+                actions.append(Report(job_id, p.attempt, p.rank, "finish", {
+                    "state": "failed", "reason": f"time limit {format_duration(p.time_limit_s)} reached; "
+                                                 "the job was stopped"}))
+            continue
+        if not in_sync:
+            continue
+        if run.ended is None:
+            actions.append(Stop(job_id, f"attempt {run.attempt} is no longer placed here"))
+        elif (job_id, run.attempt) in late_wanted and run.ended.natural:
+            actions.append(LateReport(job_id, run.attempt, run.ended))
+        else:
+            actions.append(Forget(job_id))
+    if in_sync:
+        for p in placed:
+            if p.job_id in runs or p.job_id in unsent or p.rank_done:
+                continue
+            if p.ranks > 1 and p.master_port is None and p.rank != 0:
+                continue  # rank 0 publishes the rendezvous port first
+            actions.append(Start(p))
+    return actions
