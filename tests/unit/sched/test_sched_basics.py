@@ -68,6 +68,15 @@ def test_fractions_on_one_gpu_never_sum_past_one():
     assert set(placed(plan)) == {1} and 2 in plan.pending
 
 
+def test_a_fraction_with_vram_counts_its_fraction_as_its_share_not_its_vram():
+    # 0.75 of the GPU is given out with 1G reserved: a 0.25 share with vram=12G fits (shares 1.0,
+    # VRAM 13G of 24G), though 12G is half the device.
+    snap = cluster(make_node("a", [make_gpu(0, committed_fraction=0.75, committed_vram="1G", shared_jobs=1)]))
+    plan = schedule(snap, [make_job(1, "0.25", vram="12G")], now=0)
+    slot = placed(plan)[1].allocations[0].gpus[0]
+    assert slot.fraction == 0.25 and slot.vram_bytes == 12 * G
+
+
 def test_shared_whole_gpu_without_vram_reserves_the_whole_device():
     snap = cluster(make_node("a", 1))
     plan = schedule(snap, [make_job(1, "1", mode="shared"), make_job(2, "0.1")], now=0)
