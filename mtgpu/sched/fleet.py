@@ -120,9 +120,9 @@ class Fleet:
         match = slots[rows]
         mode = req.mode
         v = req.vram_bytes
-        if mode == GpuMode.EXCLUSIVE or (mode == GpuMode.SHARED and req.fraction >= 1.0 and v is None):
+        if mode == GpuMode.EXCLUSIVE:
             ok = match & self.idle[rows]
-            if mode == GpuMode.EXCLUSIVE and v is not None:
+            if v is not None:
                 ok &= (self.vram_total[rows] >= v) & (self.meas_free[rows] >= v)
             return ok
         ok = match & self.open[rows]

@@ -85,6 +85,22 @@ def test_shared_whole_gpu_without_vram_reserves_the_whole_device():
     assert got[1].allocations[0].gpus[0].vram_bytes == 24 * G
 
 
+def test_shared_whole_gpu_without_vram_fits_beside_an_oversubscribed_job_as_its_slot_does():
+    # Its slot (share 1, the whole device's VRAM) is what the state machine checks, and an
+    # oversubscribed job commits neither; gpus=1 gpu-mode=shared vram=24G fits there too.
+    snap = cluster(make_node("a", [make_gpu(0, oversubscribed_jobs=1)]))
+    plan = schedule(snap, [make_job(1, "1", mode="shared"), make_job(2, "1", mode="shared", vram="24G")], now=0)
+    slot = placed(plan)[1].allocations[0].gpus[0]
+    assert slot.fraction == 1.0 and slot.vram_bytes == 24 * G
+    assert plan.pending[2] == "node a: not enough free VRAM on any GPU (0B < 24G)"
+
+
+def test_shared_whole_gpu_without_vram_waits_while_an_oversubscribed_job_uses_memory():
+    snap = cluster(make_node("a", [make_gpu(0, oversubscribed_jobs=1, used="2G")]))
+    plan = schedule(snap, [make_job(1, "1", mode="shared")], now=0)
+    assert plan.pending[1] == "node a: no unshared GPU (0 of 1 asked)"
+
+
 def test_oversubscribe_picks_least_loaded_gpu_and_guarantees_nothing():
     snap = cluster(make_node("a", [make_gpu(0, util=90, used="20G"), make_gpu(1, util=10, used="2G"),
                                    make_gpu(2, exclusive=True, committed_fraction=1.0)]))
