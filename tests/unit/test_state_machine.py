@@ -66,6 +66,17 @@ def test_start_refuses_shared_vram_overcommit():
     assert not r["ok"] and "overcommitted" in r["error"]
 
 
+def test_start_refuses_a_plan_that_gives_one_gpu_twice_to_a_job():
+    # Each slot alone fits the commitments; together they would book GPU 0 twice.
+    sm = setup_machine()
+    jid = submit(sm)
+    twice = alloc()
+    twice["gpus"] = twice["gpus"] * 2
+    r = sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[twice], at=3.0))
+    assert not r["ok"] and "GPU 0 of n1 twice" in r["error"]
+    assert sm.commitment("n1").gpus == {}
+
+
 def test_late_finish_from_an_earlier_attempt_is_ignored_after_requeue():
     sm = setup_machine()
     jid = submit(sm)
