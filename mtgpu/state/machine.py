@@ -307,7 +307,8 @@ class StateMachine(TenantCommands):
                 raise CommandRejected(f"job {job_id}: node {a.node} has no GPU {slot.index}")
             g = c.gpus.get(slot.index) or GpuCommitment()
             if slot.mode is GpuMode.EXCLUSIVE:
-                if g.fraction > _EPS or g.oversubscribed:
+                # no job of any mode there (a shared slot may reserve no share or VRAM)
+                if g.exclusive or g.shared or g.oversubscribed or g.fraction > _EPS or g.vram_bytes:
                     raise CommandRejected(f"job {job_id}: GPU {slot.index} of {a.node} is in use")
             elif slot.mode is GpuMode.SHARED:
                 if g.exclusive:
