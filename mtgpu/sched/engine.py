@@ -191,11 +191,11 @@ class Scheduler:
     def _share(self, req: RankRequest, rows: np.ndarray) -> np.ndarray:
         """Per GPU slot: the share of it one GPU of `req` takes."""
         f = self.fleet
+        if req.mode == GpuMode.SHARED and req.fraction < 1.0:
+            return np.full(f.left[rows].shape, req.fraction)  # with vram= too (RankRequest.shared_share)
         if req.mode == GpuMode.SHARED and req.vram_bytes is not None:
             total = f.vram_total[rows]
             return np.where(total > 0, np.minimum(1.0, req.vram_bytes / np.maximum(total, 1)), 1.0)
-        if req.mode == GpuMode.SHARED and req.fraction < 1.0:
-            return np.full(f.left[rows].shape, req.fraction)
         return f.left[rows]  # a whole GPU takes what is left of it (all of an idle one)
 
     # ---- verdicts ---------------------------------------------------------------

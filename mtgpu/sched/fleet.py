@@ -120,21 +120,24 @@ class Fleet:
         match = slots[rows]
         mode = req.mode
         v = req.vram_bytes
-        if mode == GpuMode.EXCLUSIVE or (mode == GpuMode.SHARED and req.fraction >= 1.0 and v is None):
+        if mode == GpuMode.EXCLUSIVE:
             ok = match & self.idle[rows]
-            if mode == GpuMode.EXCLUSIVE and v is not None:
+            if v is not None:
                 ok &= (self.vram_total[rows] >= v) & (self.meas_free[rows] >= v)
             return ok
         ok = match & self.open[rows]
         if mode == GpuMode.SHARED:
+            # RankRequest.shared_vram_bytes and shared_share, per GPU slot
             total = self.vram_total[rows]
             if v is not None:
                 need = np.full(total.shape, v, dtype=np.int64)
+            else:
+                need = (req.fraction * total).astype(np.int64)
+            if v is not None and req.fraction >= 1.0:
                 share = np.minimum(1.0, v / np.maximum(total, 1))
                 share = np.where(total > 0, share, 1.0)
             else:
-                need = (req.fraction * total).astype(np.int64)
-                share = req.fraction
+                share = req.fraction  # a fraction counts as itself, vram= or not
             ok &= (self.shared_free[rows] >= need) & (self.left[rows] + EPS >= share)
         elif v is not None:
             ok &= self.meas_free[rows] >= v

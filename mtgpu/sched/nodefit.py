@@ -71,9 +71,8 @@ class GpuState:
         if self.exclusive:
             return False
         if mode == GpuMode.SHARED:
-            if req.fraction >= 1.0 and req.vram_bytes is None:
-                # Whole GPU, shared, no vram=: reserves the whole device, fits as exclusive does.
-                return self.idle
+            # A whole GPU, shared, no vram=: the whole device and a share of 1, so nothing may be
+            # committed or measured there (an oversubscribed job commits nothing, as for any share).
             need = req.shared_vram_bytes(self.total)
             if self.cvram + need > self.total or self.total - self.used < need:
                 return False

@@ -34,10 +34,6 @@ def never_reason(node: NodeView, req: RankRequest) -> str | None:
                                req.gpu_count, req.vram_bytes)
 
 
-def node_could_host(node: NodeView, reqs: list[RankRequest]) -> bool:
-    return any(never_reason(node, r) is None for r in reqs)
-
-
 def check_satisfiable(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     """The reason no node of the cluster could ever run `spec`, even empty; else None."""
     reqs = rank_requests(spec)

@@ -298,13 +298,18 @@ class StateMachine(TenantCommands):
         if c.mem_bytes + a.mem_bytes > node.mem_total_bytes:
             raise CommandRejected(f"job {job_id}: node {a.node} has not enough memory left")
         inventory = {g.index: g for g in node.gpus}
+        seen: set[int] = set()
         for slot in a.gpus:
+            if slot.index in seen:  # each slot is checked alone against the commitments below
+                raise CommandRejected(f"job {job_id}: the plan gives GPU {slot.index} of {a.node} twice")
+            seen.add(slot.index)
             inv = inventory.get(slot.index)
             if inv is None:
                 raise CommandRejected(f"job {job_id}: node {a.node} has no GPU {slot.index}")
             g = c.gpus.get(slot.index) or GpuCommitment()
             if slot.mode is GpuMode.EXCLUSIVE:
-                if g.fraction > _EPS or g.oversubscribed:
+                # no job of any mode there (a shared slot may reserve no share or VRAM)
+                if g.exclusive or g.shared or g.oversubscribed or g.fraction > _EPS or g.vram_bytes:
                     raise CommandRejected(f"job {job_id}: GPU {slot.index} of {a.node} is in use")
             elif slot.mode is GpuMode.SHARED:
                 if g.exclusive:

@@ -56,6 +56,17 @@ def test_start_refuses_a_plan_that_would_double_book_an_exclusive_gpu():
     assert sm.jobs[b].state is JobState.QUEUED
 
 
+def test_start_refuses_an_exclusive_gpu_where_a_shared_job_runs_even_with_no_share():
+    # A shared slot that reserves no share and no VRAM still has a job on the GPU, and an
+    # exclusive job wants it alone (nodefit's "idle": no job of any mode there).
+    sm = setup_machine(gpus=1)
+    a, b = submit(sm), submit(sm)
+    assert sm.apply(C.command(C.JOB_START, job_id=a, at=3.0,
+                              allocations=[alloc(mode=GpuMode.SHARED, fraction=0.0, vram=0)]))["ok"]
+    r = sm.apply(C.command(C.JOB_START, job_id=b, allocations=[alloc()], at=3.0))
+    assert not r["ok"] and "in use" in r["error"]
+
+
 def test_start_refuses_shared_vram_overcommit():
     sm = setup_machine(gpus=1)
     ids = [submit(sm, gpu_mode=GpuMode.SHARED) for _ in range(3)]
@@ -64,6 +75,17 @@ def test_start_refuses_shared_vram_overcommit():
     assert sm.apply(C.command(C.JOB_START, job_id=ids[1], allocations=[alloc(**sh)], at=3))["ok"]
     r = sm.apply(C.command(C.JOB_START, job_id=ids[2], allocations=[alloc(**sh)], at=3))
     assert not r["ok"] and "overcommitted" in r["error"]
+
+
+def test_start_refuses_a_plan_that_gives_one_gpu_twice_to_a_job():
+    # Each slot alone fits the commitments; together they would book GPU 0 twice.
+    sm = setup_machine()
+    jid = submit(sm)
+    twice = alloc()
+    twice["gpus"] = twice["gpus"] * 2
+    r = sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[twice], at=3.0))
+    assert not r["ok"] and "GPU 0 of n1 twice" in r["error"]
+    assert sm.commitment("n1").gpus == {}
 
 
 def test_late_finish_from_an_earlier_attempt_is_ignored_after_requeue():

@@ -68,12 +68,37 @@ def test_fractions_on_one_gpu_never_sum_past_one():
     assert set(placed(plan)) == {1} and 2 in plan.pending
 
 
+def test_a_fraction_with_vram_counts_its_fraction_as_its_share_not_its_vram():
+    # 0.75 of the GPU is given out with 1G reserved: a 0.25 share with vram=12G fits (shares 1.0,
+    # VRAM 13G of 24G), though 12G is half the device.
+    snap = cluster(make_node("a", [make_gpu(0, committed_fraction=0.75, committed_vram="1G", shared_jobs=1)]))
+    plan = schedule(snap, [make_job(1, "0.25", vram="12G")], now=0)
+    slot = placed(plan)[1].allocations[0].gpus[0]
+    assert slot.fraction == 0.25 and slot.vram_bytes == 12 * G
+
+
 def test_shared_whole_gpu_without_vram_reserves_the_whole_device():
     snap = cluster(make_node("a", 1))
     plan = schedule(snap, [make_job(1, "1", mode="shared"), make_job(2, "0.1")], now=0)
     got = placed(plan)
     assert set(got) == {1}
     assert got[1].allocations[0].gpus[0].vram_bytes == 24 * G
+
+
+def test_shared_whole_gpu_without_vram_fits_beside_an_oversubscribed_job_as_its_slot_does():
+    # Its slot (share 1, the whole device's VRAM) is what the state machine checks, and an
+    # oversubscribed job commits neither; gpus=1 gpu-mode=shared vram=24G fits there too.
+    snap = cluster(make_node("a", [make_gpu(0, oversubscribed_jobs=1)]))
+    plan = schedule(snap, [make_job(1, "1", mode="shared"), make_job(2, "1", mode="shared", vram="24G")], now=0)
+    slot = placed(plan)[1].allocations[0].gpus[0]
+    assert slot.fraction == 1.0 and slot.vram_bytes == 24 * G
+    assert plan.pending[2] == "node a: not enough free VRAM on any GPU (0B < 24G)"
+
+
+def test_shared_whole_gpu_without_vram_waits_while_an_oversubscribed_job_uses_memory():
+    snap = cluster(make_node("a", [make_gpu(0, oversubscribed_jobs=1, used="2G")]))
+    plan = schedule(snap, [make_job(1, "1", mode="shared")], now=0)
+    assert plan.pending[1] == "node a: no unshared GPU (0 of 1 asked)"
 
 
 def test_oversubscribe_picks_least_loaded_gpu_and_guarantees_nothing():
