@@ -60,7 +60,7 @@ from mtgpu.sched.fleet import Fleet
 from mtgpu.sched.nodefit import NodeState
 from mtgpu.sched.request import EPS, RankRequest
 from mtgpu.sched.satisfiable import never_reason
-from mtgpu.server.view import NodeTelemetry, build_snapshot
+from mtgpu.server.member.view import NodeTelemetry, build_snapshot
 from mtgpu.state import commands as C
 from mtgpu.state.machine import CommandRejected, StateMachine
 
