@@ -7,6 +7,7 @@ import logging
 import sys
 
 from ..config import ConfigError, load_config
+from ..server.cluster.errors import ClusterSetupError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ..server.main import run_node  # heavy imports only after the config is good
 
-    return run_node(config)
+    try:
+        return run_node(config)
+    except ClusterSetupError as e:
+        logging.getLogger("mtgpu-server").error("%s", e)
+        print(f"mtgpu-server: this member cannot take part in the cluster: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

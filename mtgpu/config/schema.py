@@ -346,6 +346,11 @@ class Config(BaseModel):
                     "are requeued; its job supervisors stop them one second (at most half of it) sooner, counted from its "
                     "last report the scheduler took (self-fencing)",
     )
+    JOIN_TIMEOUT_S: float = Field(
+        60.0, gt=0, le=86400, strict=False,
+        description="(our addition) how long a member that joins through PEERS keeps trying before it gives up and "
+                    "says why (each failed attempt is logged with what every peer answered)",
+    )
     ADMIN_GROUP: Annotated[str, AfterValidator(_name("ADMIN_GROUP", '"mtgpu-admin"'))] = Field(
         "mtgpu-admin",
         description="(not in DESIGN §2, our addition) members of this OS group are admins and see all jobs",

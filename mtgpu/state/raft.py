@@ -53,9 +53,11 @@ class ReplicationError(Exception):
     """A command could not be committed (no leader, no quorum, timeout)."""
 
 
-def raft_password(secret: str) -> str:
-    """The pysyncobj password: a key derived from the cluster secret, never the secret itself."""
-    return hashlib.sha256(b"mtgpu-raft-v1\0" + secret.encode()).hexdigest()
+def raft_password(secret: str, cluster_id: str) -> str:
+    """The pysyncobj password: a key derived from the cluster secret and CLUSTER_ID, never
+    the secret itself. Members of two clusters that share a secret file by mistake can
+    then never form one Raft group."""
+    return hashlib.sha256(b"mtgpu-raft-v2\0" + cluster_id.encode() + b"\0" + secret.encode()).hexdigest()
 
 
 class _ReplicatedMachine(SyncObjConsumer):
@@ -99,8 +101,9 @@ class RaftState:
     replica (pysyncobj forks to write them) can never be loaded by the new one."""
 
     def __init__(self, directory: Path, self_address: str | None, voters: list[str], secret: str,
-                 on_applied=None, fast: bool = True, replica: str = "") -> None:
+                 on_applied=None, fast: bool = True, replica: str = "", cluster_id: str = "") -> None:
         self.directory = Path(directory)
+        self._cluster_id = cluster_id
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.lock = threading.RLock()
         self._on_applied = on_applied
@@ -133,7 +136,7 @@ class RaftState:
         low, high = JOINING_ELECTION_TIMEOUTS if joining else ELECTION_TIMEOUTS
         journal, dump = self._files(self.replica)
         return SyncObjConf(
-            password=raft_password(secret),
+            password=raft_password(secret, self._cluster_id),
             journalFile=str(journal),
             fullDumpFile=str(dump),
             dynamicMembershipChange=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import member_name, running_cluster
+from tests.support.cluster import free_port_pair, member_name, running_cluster
 from tests.support.node import wait_for
 from tests.support.users import can_create_users, temp_user
 
@@ -302,6 +302,29 @@ def test_a_member_without_the_secret_is_refused():
         r = httpx.post(url, content=old, headers=headers)
         assert r.status_code == 409 and "older" in r.text
         assert target.client().health()["raft"]["voter"] is True
+
+
+def test_a_member_that_cannot_join_says_why_and_what_to_fix():
+    with running_cluster(3) as cl:
+        # PEERS that reach no founder: every attempt is logged with what each peer answered,
+        # then the member gives up saying what PEERS must hold.
+        dead = [f"127.0.0.1:{free_port_pair()}", f"127.0.0.1:{free_port_pair()}"]
+        m = cl.add_member("lonely", start=False, PEERS=dead, JOIN_TIMEOUT_S=7)
+        m.start(wait=False)
+        assert m.proc.wait(timeout=60) == 2
+        log = m.server_log()
+        assert "lonely is not in the cluster test-lab yet (attempt" in log, log
+        assert f"{dead[0]}: nothing listens there" in log and f"{dead[1]}: nothing listens there" in log, log
+        assert "could not join the cluster 'test-lab' through PEERS in 7 s (JOIN_TIMEOUT_S)" in log, log
+        assert "PEERS must list the founding members' LISTEN addresses, the same list in every member's config" in log
+        # Another CLUSTER_ID (a stale or copied config): refused at once, naming both ids.
+        m = cl.add_member("stranger", start=False, CLUSTER_ID="other-lab")
+        m.start(wait=False)
+        assert m.proc.wait(timeout=60) == 2
+        log = m.server_log()
+        assert "member stranger has CLUSTER_ID 'other-lab', but this cluster is 'test-lab'" in log, log
+        assert 'set CLUSTER_ID = "test-lab"' in log
+        assert all(n["name"] not in ("lonely", "stranger") for n in nodes_json(cl.members[0]))
 
 
 def test_drain_stops_new_placements_and_resume_undoes_it(alice):

@@ -203,6 +203,8 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
             return link.handle_report(json.loads(body))
         except ReplicationError as e:
             raise ServiceError(503, str(e)) from None
+        except ClusterSetupError as e:
+            raise ServiceError(409, str(e)) from None
 
     @app.post("/cluster/v1/role")
     async def role(request: Request) -> dict:
@@ -225,9 +227,12 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
     async def join(request: Request) -> dict:
         body = json.loads(await verified(request))
         try:
-            return await run_in_threadpool(link.handle_join, body["name"], body["listen"], body["raft"])
+            return await run_in_threadpool(link.handle_join, body["name"], body["listen"], body["raft"],
+                                           body.get("cluster_id"))
         except ReplicationError as e:
             raise ServiceError(503, str(e)) from None
+        except ClusterSetupError as e:
+            raise ServiceError(409, str(e)) from None
 
     @app.post("/cluster/v1/remove")
     async def remove(request: Request) -> dict:

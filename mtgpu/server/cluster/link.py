@@ -50,7 +50,17 @@ log = logging.getLogger(__name__)
 
 SIGNATURE_MAX_AGE_S = 30.0
 REPORT_EVERY_S = 1.0
+JOIN_LOG_EVERY_S = 5.0
 RETRY_REPORT_S = 0.25
+
+
+class PeerRefused(ClusterSetupError):
+    """Another member answered a request with an error status."""
+
+    def __init__(self, address: str, path: str, status: int, message: str) -> None:
+        super().__init__(f"{address}{path}: {status} {message}")
+        self.status = status
+        self.message = message
 
 
 # ---------------------------------------------------------------- secret and signatures
@@ -119,6 +129,7 @@ class ClusterLink:
         self._last_report_sent_at = 0.0  # the same moment, wall clock (the jobs' lease)
         self._leader_commit: int | None = None  # the scheduler's commit index in its last answer
         self._last_leader: str | None = None  # the API address of the scheduler that took the last report
+        self._next_refusal_log = 0.0
         self._pending_cache: tuple[float, dict[int, str]] = (0.0, {})
         self._thread: threading.Thread | None = None
         self._keeper_thread: threading.Thread | None = None
@@ -136,7 +147,11 @@ class ClusterLink:
         headers["content-type"] = "application/json"
         r = self._http.request(method, f"http://{address}{path}", content=body, headers=headers, timeout=timeout_s)
         if r.status_code >= 400:
-            raise ClusterSetupError(f"{address}{path}: {r.status_code} {r.text[:300]}")
+            try:
+                message = str(r.json().get("error") or r.text)
+            except ValueError:
+                message = r.text
+            raise PeerRefused(address, path, r.status_code, message[:500])
         return r.json()
 
     def leader_api(self) -> str | None:
@@ -170,29 +185,76 @@ class ClusterLink:
         os.replace(tmp, path)
 
     def _join(self, peers: list[str]) -> tuple[bool, list[str]]:
-        errors = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        """Join through the first peer that answers; log every few seconds what each peer
+        answered; give up after JOIN_TIMEOUT_S saying what PEERS must hold."""
+        cid, timeout_s = self.config.CLUSTER_ID, self.config.JOIN_TIMEOUT_S
+        started = time.monotonic()
+        answers: dict[str, str] = {}
+        attempt, next_log = 0, started + JOIN_LOG_EVERY_S
+        while True:
+            attempt += 1
             for peer in peers:
                 try:
-                    r = self.call(peer, "POST", "/cluster/v1/join",
-                                  {"name": self.node_name, "listen": self.listen, "raft": self.raft_self}, timeout_s=15)
+                    r = self.call(peer, "POST", "/cluster/v1/join", {"name": self.node_name, "listen": self.listen,
+                                                                    "raft": self.raft_self, "cluster_id": cid},
+                                  timeout_s=15)
+                    log.info("%s joined the cluster %s through %s", self.node_name, cid, peer)
                     return r["voter"], r["voters"]
-                except (httpx.HTTPError, ClusterSetupError, KeyError) as e:
-                    errors.append(f"{peer}: {e}")
-            if any("secret" in e for e in errors[-len(peers):]):
-                break
-            time.sleep(1.0)
-        raise ClusterSetupError("could not join the cluster through PEERS: " + "; ".join(errors[-len(peers):]))
+                except PeerRefused as e:
+                    if e.status == 401:
+                        raise ClusterSetupError(
+                            f"the member at {peer} refused this member: {e.message}. Every member needs the same "
+                            f"CLUSTER_SECRET_FILE: copy it from a member of the cluster to {self.config.secret_file_path} "
+                            "(mode 0600), then start again") from None
+                    if e.status == 409 and "CLUSTER_ID" in e.message:
+                        raise ClusterSetupError(e.message.removeprefix("refused: ")) from None
+                    answers[peer] = f"{e.status}: {e.message}"
+                except httpx.ConnectError:
+                    answers[peer] = "nothing listens there (connection refused or no route)"
+                except httpx.TimeoutException:
+                    answers[peer] = "no answer in time"
+                except httpx.HTTPError as e:
+                    answers[peer] = f"{type(e).__name__}: {e}"
+                except (KeyError, TypeError, ValueError):
+                    answers[peer] = "an answer that is not mtgpu's (another program on that port?)"
+            now = time.monotonic()
+            said = "; ".join(f"{p}: {answers[p]}" for p in peers if p in answers)
+            if now - started >= timeout_s:
+                raise ClusterSetupError(
+                    f"could not join the cluster {cid!r} through PEERS in {timeout_s:g} s (JOIN_TIMEOUT_S): {said}. "
+                    f"PEERS must list the founding members' LISTEN addresses, the same list in every member's "
+                    f"config; this member's LISTEN {self.listen} is not in it, so it joins through them. Check that "
+                    "the founding members run (a majority of them, so that one schedules) and that this machine "
+                    "reaches their LISTEN port, fix PEERS if an address is wrong, then start this member again")
+            if now >= next_log:
+                log.warning("%s is not in the cluster %s yet (attempt %d, %.0f of %g s): %s", self.node_name, cid,
+                            attempt, now - started, timeout_s, said)
+                next_log = now + JOIN_LOG_EVERY_S
+            time.sleep(min(1.0, max(0.0, started + timeout_s - now)))
 
-    def handle_join(self, name: str, listen: str, raft: str) -> dict:
+    def check_cluster_id(self, name: str, cluster_id: str | None) -> None:
+        """Refuse a member of another cluster (or one that says none), naming both ids."""
+        own = self.config.CLUSTER_ID
+        if cluster_id == own:
+            return
+        if cluster_id is None:
+            raise ClusterSetupError(f"refused: member {name} did not say its CLUSTER_ID (an older mtgpu?); this "
+                                    f"cluster is {own!r}: upgrade it and set CLUSTER_ID = \"{own}\"")
+        raise ClusterSetupError(
+            f"refused: member {name} has CLUSTER_ID {cluster_id!r}, but this cluster is {own!r}: to join it, set "
+            f"CLUSTER_ID = \"{own}\" in that member's config; to form the cluster {cluster_id!r}, point its PEERS "
+            f"at that cluster's founding members")
+
+    def handle_join(self, name: str, listen: str, raft: str, cluster_id: str | None = None) -> dict:
         """On the scheduler: admit a new member, as a non-voting one (the keeper
         promotes it if it is among the most capable)."""
+        self.check_cluster_id(name, cluster_id)
         if not self.store.is_leader():
             leader = self.leader_api()
             if leader is None:
                 raise ReplicationError("no scheduler right now; try again in a moment")
-            return self.call(leader, "POST", "/cluster/v1/join", {"name": name, "listen": listen, "raft": raft}, 15)
+            return self.call(leader, "POST", "/cluster/v1/join",
+                             {"name": name, "listen": listen, "raft": raft, "cluster_id": cluster_id}, 15)
         voters = self.store.voters()
         return {"voter": raft in voters, "voters": voters}
 
@@ -243,7 +305,8 @@ class ClusterLink:
         return {"removed": name}
 
     def raft_info(self) -> dict:
-        return {"leader": self.store.leader_address(), "term": self.store.term(), "voter": self.store.is_voter(),
+        return {"cluster_id": self.config.CLUSTER_ID, "leader": self.store.leader_address(), "term": self.store.term(),
+                "voter": self.store.is_voter(),
                 "voters": self.store.voters(), "is_leader": self.store.is_leader()}
 
     def voter_names(self) -> list[str]:
@@ -282,6 +345,12 @@ class ClusterLink:
         while not self._stop.wait(wait):
             try:
                 wait = REPORT_EVERY_S if self.report_once() else RETRY_REPORT_S
+            except PeerRefused as e:
+                if e.status == 409 and "CLUSTER_ID" in e.message and time.monotonic() >= self._next_refusal_log:
+                    log.error("%s: the scheduler refuses this member's reports: %s", self.node_name, e.message)
+                    self._next_refusal_log = time.monotonic() + 10.0
+                self._last_leader = None
+                wait = RETRY_REPORT_S
             except Exception as e:  # the scheduler may be changing; try again soon
                 log.debug("report failed: %s", e)
                 self._last_leader = None
@@ -311,6 +380,7 @@ class ClusterLink:
         sent, sent_wall = time.monotonic(), time.time()
         answer = self.call(leader, "POST", "/cluster/v1/report", {
             "node": self.node_name,
+            "cluster_id": self.config.CLUSTER_ID,
             "gpus": [g.to_dict() for g in tel.gpus],
             "host": tel.host.to_dict() if tel.host else None,
             "raft": {"voter": store.is_voter(), "applied": store.applied_index(), "caught_up": store.caught_up(),
@@ -353,6 +423,11 @@ class ClusterLink:
                 info = self.call(address, "GET", "/cluster/v1/raft", timeout_s=1.0)
             except (httpx.HTTPError, ClusterSetupError, ValueError):
                 continue
+            if info.get("cluster_id") != self.config.CLUSTER_ID:
+                log.error("%s: the member at %s belongs to the cluster %r, this member's CLUSTER_ID is %r: the "
+                          "members of one cluster need one CLUSTER_ID (and PEERS listing only its founding members)",
+                          self.node_name, address, info.get("cluster_id"), self.config.CLUSTER_ID)
+                continue
             if info.get("is_leader"):
                 found = address
                 break
@@ -362,6 +437,7 @@ class ClusterLink:
         return found
 
     def handle_report(self, payload: dict) -> dict:
+        self.check_cluster_id(str(payload.get("node")), payload.get("cluster_id"))
         tel = NodeTelemetry(gpus=[GpuInfo.from_dict(g) for g in payload.get("gpus", [])],
                             host=HostInfo.from_dict(payload["host"]) if payload.get("host") else None,
                             reported_at=self.member.clock())
@@ -445,7 +521,8 @@ def open_cluster_member(config: Config, agent: LocalAgent) -> Member:
     voter, voters, replica = link.membership(state_dir)
     member_holder: list[Member] = []
     store = RaftState(state_dir / "cluster", link.raft_self if voter else None, voters, secret,
-                      on_applied=lambda cmd, res: member_holder and member_holder[0].wake(), replica=replica)
+                      on_applied=lambda cmd, res: member_holder and member_holder[0].wake(), replica=replica,
+                      cluster_id=config.CLUSTER_ID)
     link.store = store
     member = Member(config, agent, store, cluster=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
     member_holder.append(member)
