@@ -37,6 +37,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
 
 from .machine import StateMachine
+from .store import ReplicationError
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ log = logging.getLogger(__name__)
 # has caught up.
 ELECTION_TIMEOUTS = (0.35, 0.8)
 JOINING_ELECTION_TIMEOUTS = (1.5, 2.0)  # at most connectionTimeout (pysyncobj checks)
-
-
-class ReplicationError(Exception):
-    """A command could not be committed (no leader, no quorum, timeout)."""
 
 
 def raft_password(secret: str, cluster_id: str) -> str:

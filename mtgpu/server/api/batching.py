@@ -14,6 +14,7 @@ import queue
 import threading
 
 from ...state import commands as C
+from ...state.store import Store
 
 MAX_BATCH = 256
 
@@ -39,7 +40,7 @@ class _Pending:
 
 
 class SubmitBatcher:
-    def __init__(self, store, clock) -> None:
+    def __init__(self, store: Store, clock) -> None:
         self.store = store
         self.clock = clock
         self._queue: queue.Queue[_Pending] = queue.Queue()

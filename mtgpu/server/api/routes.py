@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from ...state.raft import ReplicationError
+from ...state.store import ReplicationError
 from ..cluster.errors import ClusterSetupError
 from .identity import Caller, caller_from_peer
 from .service import MemberService, ServiceError
@@ -179,14 +179,14 @@ def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
 
     add_job_routes(app, service, identify)
 
-    if service.member.cluster is not None:
+    if service.member.link.is_cluster:
         add_cluster_routes(app, service)
     return app
 
 
 def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
     """Member-to-member routes: every request must be signed with the cluster secret."""
-    link = service.member.cluster
+    link = service.member.link
 
     async def verified(request: Request) -> bytes:
         body = await request.body()

@@ -15,6 +15,8 @@ from ...jobfile import JobFileError, parse_job_file
 from ...model.job import Job, JobState
 from ...sched import check_satisfiable
 from ...state import commands as C
+from ...state.store import ReplicationError, commit
+from ..cluster.errors import ClusterSetupError
 from ...storage.quota import check_submission, detect_quota_backend, quota_warning
 from .batching import SubmitBatcher
 from ...accounts.lookup import home_of
@@ -54,8 +56,8 @@ class MemberService:
 
     def apply(self, cmd_name: str, /, **args) -> dict:
         try:
-            return self.store.apply(C.command(cmd_name, **args))
-        except Exception as e:  # replication: no leader, no quorum
+            return commit(self.store, cmd_name, **args)
+        except ReplicationError as e:  # no leader, no quorum
             raise ServiceError(503, f"the cluster could not record this change: {e}") from None
 
     def clock(self) -> float:
@@ -148,7 +150,7 @@ class MemberService:
 
     def pending_reason(self, job: Job) -> str:
         reasons = self.member.scheduler.pending_reasons if self.member.is_scheduler() else \
-            (self.member.cluster.pending_reasons() if self.member.cluster else {})
+            self.member.link.pending_reasons()
         pending = reasons.get(job.id) or "waiting for the next scheduling pass"
         return f"{job.reason}; waiting: {pending}" if job.reason else pending
 
@@ -197,8 +199,8 @@ class MemberService:
         job = self._visible_job(caller, job_id)
         offset = max(0, offset)
         ran_here = not job.allocations or job.allocations[0].node == self.node_name
-        if not ran_here and self.member.cluster is not None:
-            data = self.member.cluster.fetch_log(job.allocations[0].node, job_id, offset, limit)
+        if not ran_here:
+            data = self.member.link.fetch_log(job.allocations[0].node, job_id, offset, limit)
         else:
             data = self.local_log(job, offset, limit)
         return {"data": data.decode("utf-8", "replace"), "offset": offset + len(data),
@@ -215,8 +217,8 @@ class MemberService:
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's
         telemetry; a member that does not schedule asks the one that does)."""
-        if not self.member.is_scheduler() and self.member.cluster is not None:
-            remote = self.member.cluster.leader_nodes()
+        if not self.member.is_scheduler():
+            remote = self.member.link.leader_nodes()
             if remote is not None:
                 return remote
         return self.nodes_view()
@@ -225,7 +227,7 @@ class MemberService:
         machine = self.store.machine
         telemetry = self.member.scheduler.telemetry if self.member.is_scheduler() else \
             {self.node_name: self.member.local_telemetry}
-        voters = set(self.member.cluster.voter_names()) if self.member.cluster else {self.node_name}
+        voters = set(self.member.link.voter_names())
         out = []
         with self.store.lock:
             snapshot = build_snapshot(machine, telemetry)
@@ -279,18 +281,19 @@ class MemberService:
         with self.store.lock:
             report = retention_report(self.store.machine, now, self.config.job_retention_s,
                                       self.config.tenant_retention_s, dry_run)
-        problems = [] if dry_run else apply_retention(self.store, report)
+        try:
+            problems = [] if dry_run else apply_retention(self.store, report)
+        except ReplicationError as e:
+            raise ServiceError(503, f"the cluster could not record this change: {e}") from None
         self.wake()
         return {**report.to_json(), "text": report.render(), "problems": problems}
 
     def remove_node(self, caller: Caller, name: str) -> dict:
         if not caller.is_admin:
             raise ServiceError(403, "removing a member needs root or the admin group")
-        if self.member.cluster is None:
-            raise ServiceError(409, "a standalone node has no other members to remove")
         try:
-            return self.member.cluster.handle_remove(name)
-        except Exception as e:  # membership and replication errors carry their own explanation
+            return self.member.link.handle_remove(name)
+        except (ClusterSetupError, ReplicationError) as e:  # they carry their own explanation
             raise ServiceError(409, f"could not remove {name}: {e}") from None
 
     def info(self) -> dict:
@@ -304,6 +307,6 @@ class MemberService:
             "is_scheduler": self.member.is_scheduler(),
             "placements": self.member.scheduler.placements,
             "last_placement_at": self.member.scheduler.last_placement_at,
-            "raft": self.member.cluster.raft_info() if self.member.cluster else None,
+            "raft": self.member.link.raft_info(),
         }
 

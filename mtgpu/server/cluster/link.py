@@ -38,7 +38,8 @@ from ...agent.local import LocalAgent
 from ...config import Config
 from ...model.gpu import GpuInfo, HostInfo
 from ...state import commands as C
-from ...state.raft import RaftState, ReplicationError
+from ...state.raft import RaftState
+from ...state.store import ReplicationError, commit
 from .addresses import advertised, api_address, raft_address
 from .errors import ClusterSetupError
 from ..member.runtime import Member
@@ -114,13 +115,16 @@ class Signer:
 
 # ---------------------------------------------------------------- the link
 class ClusterLink:
+    """A member's link to the other members of its cluster (see the module's docstring)."""
+
+    is_cluster = True
+
     def __init__(self, config: Config, secret: str) -> None:
         self.config = config
         self.node_name = config.NODE_NAME
         self.listen = advertised(config.LISTEN)
         self.raft_self = raft_address(config.LISTEN)
         self.signer = Signer(secret)
-        self.secret = secret
         self.member: Member | None = None
         self.store: RaftState | None = None
         self._http = httpx.Client(timeout=httpx.Timeout(3.0, connect=1.0))
@@ -285,7 +289,12 @@ class ClusterLink:
             leader = self.leader_api()
             if leader is None:
                 raise ReplicationError("no scheduler right now; try again in a moment")
-            return self.call(leader, "POST", "/cluster/v1/remove", {"name": name}, 15)
+            try:
+                return self.call(leader, "POST", "/cluster/v1/remove", {"name": name}, 15)
+            except PeerRefused as e:
+                raise ClusterSetupError(e.message) from None
+            except httpx.HTTPError as e:
+                raise ReplicationError(f"the scheduler at {leader} did not answer ({e}); try again") from None
         rec = self.store.machine.nodes.get(name)
         if rec is None:
             raise ClusterSetupError(f"no member named {name!r}")
@@ -298,7 +307,7 @@ class ClusterLink:
         raft = raft_address(rec.address)
         if raft in self.store.voters():
             self.keeper.remove_now(raft)
-        r = self.store.apply(C.command(C.NODE_REMOVE, name=name, at=self.member.clock()))
+        r = commit(self.store, C.NODE_REMOVE, name=name, at=self.member.clock())
         if not r["ok"]:
             raise ClusterSetupError(r["error"])
         self.member.scheduler.telemetry.pop(name, None)
@@ -468,9 +477,13 @@ class ClusterLink:
 
     def in_sync(self) -> bool:
         """Whether this member reads the cluster's current state, so that its agent may
-        start and stop jobs: the scheduler took a report of it recently, and its replica
-        has applied everything the scheduler had committed when it answered. (A member
-        back from a crash or a role change reads a stale replica until then.)"""
+        start and stop jobs. The scheduler: once its epoch is committed (everything before
+        it is then applied). Another member: the scheduler took a report of it recently,
+        and its replica has applied everything the scheduler had committed when it
+        answered. (A member back from a crash or a role change reads a stale replica
+        until then.)"""
+        if self.store.is_leader():
+            return self.member.scheduler.epoch == self.store.term()
         if not self.in_touch() or self._leader_commit is None or not self.store.caught_up():
             return False
         return self.store.applied_index() >= self._leader_commit
@@ -524,7 +537,7 @@ def open_cluster_member(config: Config, agent: LocalAgent) -> Member:
                       on_applied=lambda cmd, res: member_holder and member_holder[0].wake(), replica=replica,
                       cluster_id=config.CLUSTER_ID)
     link.store = store
-    member = Member(config, agent, store, cluster=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
+    member = Member(config, agent, store, link=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
     member_holder.append(member)
     link.start(member)
     log.info("%s is a %s of the cluster %s (voters: %s)", config.NODE_NAME, "voter" if voter else "non-voting member",

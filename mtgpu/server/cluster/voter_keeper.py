@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import httpx
 
 from ...state import commands as C
-from ...state.raft import ReplicationError
+from ...state.store import ReplicationError
 from .addresses import advertised, raft_address
 from .errors import ClusterSetupError
 from .voter_policy import MemberState, capability, plan_voters

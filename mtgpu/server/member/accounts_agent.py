@@ -24,6 +24,7 @@ from ...accounts.plan import TenantSpec, plan_accounts, tenant_home
 from ...config import Config
 from ...ssh.daemon import SshdError, TenantSshd, check_installed
 from ...state import commands as C
+from ...state.store import ReplicationError, Store, commit
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ LOGIN_RECORD_EVERY_S = 600.0
 
 
 class AccountsAgent:
-    def __init__(self, store, config: Config, node_name: str, clock, cluster_id: str) -> None:
+    def __init__(self, store: Store, config: Config, node_name: str, clock, cluster_id: str) -> None:
         self.store = store
         self.config = config
         self.node_name = node_name
@@ -185,8 +186,8 @@ class AccountsAgent:
                 continue
             self._logins[name] = now
             try:
-                self.store.apply(C.command(C.TENANT_SEEN, name=name, at=now, login=True))
-            except Exception as e:  # activity is best effort
+                commit(self.store, C.TENANT_SEEN, name=name, at=now, login=True)
+            except ReplicationError as e:  # activity is best effort
                 log.debug("could not record a login of %s: %s", name, e)
 
     def stop(self) -> None:

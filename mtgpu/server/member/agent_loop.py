@@ -20,6 +20,7 @@ from ...agent.local import LocalAgent
 from ...agent.runners.base import ENDED, LOST, RUNNING, Launch, RunnerError
 from ...model.job import Job, JobState
 from ...state import commands as C
+from ...state.store import Store, try_commit
 from .jobenv import job_env
 from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reconcile
 
@@ -37,7 +38,7 @@ class _Unsent:
 
 
 class AgentLoop:
-    def __init__(self, store, agent: LocalAgent, node_name: str, home_root: str, state_dir: Path,
+    def __init__(self, store: Store, agent: LocalAgent, node_name: str, home_root: str, state_dir: Path,
                  clock, advertise_host: str = "127.0.0.1", lease=None) -> None:
         self.store = store
         self.agent = agent
@@ -155,7 +156,7 @@ class AgentLoop:
         if len(job.allocations) > 1:
             if job.master_port is None:
                 port = _free_port()
-                r = self._apply(C.JOB_ANNOTATE, job_id=job.id, master_port=port, attempt=job.attempt)
+                r = try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, master_port=port, attempt=job.attempt)
                 if not r or not r["ok"]:
                     return
             rank0 = self.store.machine.nodes.get(job.allocations[0].node)
@@ -184,11 +185,11 @@ class AgentLoop:
             self._send_reports()
             return
         if rank == 0:
-            self._apply(C.JOB_ANNOTATE, job_id=job.id, enforced=enforced, attempt=job.attempt)
+            try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, enforced=enforced, attempt=job.attempt)
 
     def _send_reports(self) -> None:
         for job_id, rep in list(self._unsent.items()):
-            r = self._apply(rep.command, at=self.clock(), **rep.args)
+            r = try_commit(self.store, rep.command, at=self.clock(), **rep.args)
             if r is None:
                 continue  # not committed now; try again next pass
             if rep.command == C.JOB_LATE_REPORT and r["ok"]:
@@ -196,13 +197,6 @@ class AgentLoop:
                          "taken as the job's outcome" if r.get("taken") else "noted in its history")
             del self._unsent[job_id]
             self.agent.forget(job_id)
-
-    def _apply(self, cmd_name: str, /, **args) -> dict | None:
-        try:
-            return self.store.apply(C.command(cmd_name, **args))
-        except Exception as e:  # replication errors: retried on the next pass
-            log.warning("could not commit %s for job %s: %s", cmd_name, args.get("job_id"), e)
-            return None
 
 
 def _rank_log(job: Job, rank: int) -> str:

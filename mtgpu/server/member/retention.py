@@ -16,6 +16,7 @@ import logging
 
 from ...state import commands as C
 from ...state.machine import StateMachine
+from ...state.store import Store, commit
 from ...storage.retention import RetentionReport
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,16 @@ def retention_report(machine: StateMachine, now: float, job_retention_s: float, 
     return RetentionReport.compute(jobs, tenants, now, job_retention_s, tenant_retention_s, dry_run=dry_run)
 
 
-def apply_retention(store, report: RetentionReport) -> list[str]:
-    """Commit what the report removes; returns the problems (nothing raised)."""
+def apply_retention(store: Store, report: RetentionReport) -> list[str]:
+    """Commit what the report removes; returns the problems. Raises ReplicationError when
+    the cluster records nothing (the next pass tries again)."""
     problems = []
     for j in report.jobs:
-        r = store.apply(C.command(C.JOB_FORGET, job_id=int(j.job_id), at=report.now))
+        r = commit(store, C.JOB_FORGET, job_id=int(j.job_id), at=report.now)
         if not r["ok"]:
             problems.append(f"job {j.job_id}: {r['error']}")
     for t in report.tenants:
-        r = store.apply(C.command(C.TENANT_REMOVE, name=t.name, at=report.now))
+        r = commit(store, C.TENANT_REMOVE, name=t.name, at=report.now)
         if not r["ok"]:
             problems.append(f"tenant {t.name}: {r['error']}")
     if report.jobs or report.tenants:

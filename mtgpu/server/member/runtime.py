@@ -17,6 +17,8 @@ from pathlib import Path
 from ...agent.local import LocalAgent
 from ...config import Config
 from ...state import commands as C
+from ...state.store import Store, try_commit
+from ..cluster.standalone import Link, StandaloneLink
 from ...storage.shared import interpreter_publish_root, publish_read_only
 from .accounts_agent import AccountsAgent
 from .agent_loop import AgentLoop
@@ -57,18 +59,22 @@ class Lease:
 
 
 class Member:
-    def __init__(self, config: Config, agent: LocalAgent, store, cluster=None, clock=time.time,
+    """This machine in its cluster: the store, the link to the other members (a stand-in
+    on a standalone node), the agent, and the loop that drives them."""
+
+    def __init__(self, config: Config, agent: LocalAgent, store: Store, link: Link | None = None, clock=time.time,
                  down_after_s: float = 10.0) -> None:
         self.config = config
         self.node_name = config.NODE_NAME
         self.state_dir = Path(config.STATE_DIR)
         self.agent = agent
         self.store = store
-        self.cluster = cluster
+        self.link: Link = link if link is not None else StandaloneLink(self.node_name)
         self.clock = clock
         self.scheduler = SchedulerRole(store, self.node_name, clock, down_after_s=down_after_s,
                                        job_retention_s=config.job_retention_s, tenant_retention_s=config.tenant_retention_s)
-        self.lease = Lease(self.state_dir / "agent" / "lease", lease_s(down_after_s)) if cluster else None
+        self.lease = Lease(self.state_dir / "agent" / "lease", lease_s(down_after_s)) if self.link.is_cluster \
+            else None
         host = config.listen_host_port()[0]
         self.agent_loop = AgentLoop(store, agent, self.node_name, str(config.TENANT_HOME_ROOT), self.state_dir,
                                     clock, advertise_host=host, lease=self.lease)
@@ -93,8 +99,7 @@ class Member:
         self._wake.set()
         if self._thread:
             self._thread.join(timeout=5)
-        if self.cluster is not None:
-            self.cluster.stop()
+        self.link.stop()
         self.accounts.stop()
         self.store.close()
         self.agent.close()
@@ -115,17 +120,6 @@ class Member:
 
     def is_scheduler(self) -> bool:
         return self.store.is_leader()
-
-    def in_sync(self) -> bool:
-        """Whether the state this member reads is the cluster's current one (its agent
-        may start and stop jobs): always on a standalone node; on the scheduler once its
-        epoch is committed (everything before it is then applied); on another member,
-        see ClusterLink.in_sync."""
-        if self.cluster is None:
-            return True
-        if self.store.is_leader():
-            return self.scheduler.epoch == self.store.term()
-        return self.cluster.in_sync()
 
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
@@ -157,12 +151,12 @@ class Member:
         elif self.scheduler.epoch is not None:
             log.info("%s no longer schedules", self.node_name)
             self.scheduler.step_down()
-        if self.lease is not None and self.cluster is not None:
-            at = self.cluster.lease_time()
+        if self.lease is not None:
+            at = self.link.lease_time()
             if at is not None:
                 self.lease.renew(at)
         tel = self.local_telemetry
-        self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set(), self.in_sync())
+        self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set(), self.link.in_sync())
         self.accounts.run_once()
 
     def refresh_telemetry(self, force: bool = False) -> None:
@@ -185,7 +179,4 @@ class Member:
         rec = self.store.machine.nodes.get(self.node_name)
         if rec is not None and all(rec.to_dict()[k] == v for k, v in wanted.items()):
             return
-        try:
-            self.store.apply(C.command(C.NODE_REGISTER, name=self.node_name, at=self.clock(), **wanted))
-        except Exception as e:
-            log.warning("could not register %s yet: %s", self.node_name, e)
+        try_commit(self.store, C.NODE_REGISTER, name=self.node_name, at=self.clock(), **wanted)  # else next second

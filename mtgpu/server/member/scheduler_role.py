@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ...model.job import JobState
 from ...sched import schedule
 from ...state import commands as C
+from ...state.store import ReplicationError, Store, try_commit
 from .retention import RETENTION_EVERY_S, apply_retention, retention_report
 from .view import NodeTelemetry, build_queue, build_snapshot, build_usage
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SchedulerRole:
-    store: object
+    store: Store
     node_name: str
     clock: object
     down_after_s: float = 10.0
@@ -62,12 +63,12 @@ class SchedulerRole:
                                           dry_run=False)
             try:
                 apply_retention(self.store, report)
-            except Exception as e:  # replication: next hour again
+            except ReplicationError as e:  # next hour again
                 log.warning("retention pass failed: %s", e)
 
     # ------------------------------------------------------------ epoch
     def _elect(self, term: int, now: float) -> bool:
-        r = self._apply(C.SCHED_ELECT, node=self.node_name, epoch=term, at=now)
+        r = try_commit(self.store, C.SCHED_ELECT, node=self.node_name, epoch=term, at=now)
         if r is None or not r["ok"]:
             return False
         self.epoch = term
@@ -87,11 +88,11 @@ class SchedulerRole:
             if not node.down and silent_s > self.down_after_s:
                 reason = f"no report for {silent_s:.0f}s"
                 log.warning("member %s is down: %s", node.name, reason)
-                if self._apply(C.NODE_DOWN, name=node.name, reason=reason, at=now) is not None:
+                if try_commit(self.store, C.NODE_DOWN, name=node.name, reason=reason, at=now) is not None:
                     self._evict(node.name, reason, now)
             elif node.down and tel is not None and now - tel.reported_at < self.down_after_s / 2:
                 log.info("member %s reports again", node.name)
-                self._apply(C.NODE_UP, name=node.name, at=now)
+                try_commit(self.store, C.NODE_UP, name=node.name, at=now)
             if node.down:
                 self._evict(node.name, node.down_reason, now)  # finish what an earlier pass left undone
 
@@ -103,14 +104,15 @@ class SchedulerRole:
             if not ranks:
                 continue
             if len(job.allocations) > 1:
-                self._apply(C.JOB_FINISH, job_id=job.id, at=now, state="failed", attempt=job.attempt, rank=ranks[0],
-                            reason=f"rank {ranks[0]} on {node}: the node is down ({reason}); the other ranks were stopped")
+                try_commit(self.store, C.JOB_FINISH, job_id=job.id, at=now, state="failed", attempt=job.attempt,
+                           rank=ranks[0], reason=f"rank {ranks[0]} on {node}: the node is down ({reason}); "
+                                                 "the other ranks were stopped")
             elif job.spec.requeue:
-                self._apply(C.JOB_REQUEUE, job_id=job.id, at=now, attempt=job.attempt,
-                            reason=f"lost on {node} (node down: {reason}); requeued")
+                try_commit(self.store, C.JOB_REQUEUE, job_id=job.id, at=now, attempt=job.attempt,
+                           reason=f"lost on {node} (node down: {reason}); requeued")
             else:
-                self._apply(C.JOB_FINISH, job_id=job.id, at=now, state="lost", attempt=job.attempt,
-                            reason=f"lost on {node} (node down: {reason}); the job asked not to be requeued")
+                try_commit(self.store, C.JOB_FINISH, job_id=job.id, at=now, state="lost", attempt=job.attempt,
+                           reason=f"lost on {node} (node down: {reason}); the job asked not to be requeued")
 
     # ------------------------------------------------------------ placement
     def _place(self, now: float) -> None:
@@ -131,8 +133,8 @@ class SchedulerRole:
             job = machine.jobs.get(placement.job_id)
             if job is None or job.state is not JobState.QUEUED:
                 continue
-            r = self._apply(C.JOB_START, job_id=job.id, at=self.clock(), attempt=job.attempt, epoch=self.epoch,
-                            allocations=[a.to_dict() for a in placement.allocations])
+            r = try_commit(self.store, C.JOB_START, job_id=job.id, at=self.clock(), attempt=job.attempt,
+                           epoch=self.epoch, allocations=[a.to_dict() for a in placement.allocations])
             if r is None:
                 return  # lost the cluster mid-pass; the next scheduler takes over
             if not r["ok"]:
@@ -144,10 +146,3 @@ class SchedulerRole:
             self.placements += 1
             self.last_placement_at = self.clock()
         self.pending_reasons = reasons
-
-    def _apply(self, cmd_name: str, /, **args) -> dict | None:
-        try:
-            return self.store.apply(C.command(cmd_name, **args))
-        except Exception as e:  # replication errors: this pass ends, the next one retries
-            log.warning("scheduler could not commit %s: %s", cmd_name, e)
-            return None

@@ -1,0 +1,85 @@
+"""What a member needs from the cluster (`Link`), and the stand-in of a standalone
+node, which is a cluster of one: it always schedules, reads its own current state,
+and has no other member to ask. `link.ClusterLink` is the real one."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .errors import ClusterSetupError
+
+
+class Link(Protocol):
+    """A member's view of the cluster around it."""
+
+    is_cluster: bool
+
+    def start(self, member) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def in_sync(self) -> bool:
+        """Whether the state this member reads is the cluster's current one (its agent may
+        start and stop jobs)."""
+        ...
+
+    def lease_time(self) -> float | None:
+        """When this member last knew itself in the cluster (the jobs' lease), or None."""
+        ...
+
+    def pending_reasons(self) -> dict[int, str]:
+        """Why queued jobs wait, from the scheduler (when this member is not it)."""
+        ...
+
+    def leader_nodes(self) -> list[dict] | None:
+        """Every member as the scheduler sees it, or None when no scheduler answers."""
+        ...
+
+    def voter_names(self) -> list[str]: ...
+
+    def fetch_log(self, node_name: str, job_id: int, offset: int, limit: int) -> bytes:
+        """Bytes of a job's log kept by another member."""
+        ...
+
+    def handle_remove(self, name: str) -> dict: ...
+
+    def raft_info(self) -> dict | None: ...
+
+
+class StandaloneLink:
+    """A standalone node: its own, only, permanent scheduler."""
+
+    is_cluster = False
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+
+    def start(self, member) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def in_sync(self) -> bool:
+        return True  # its journal is the state
+
+    def lease_time(self) -> float | None:
+        return None  # no lease: nobody else could run its jobs
+
+    def pending_reasons(self) -> dict[int, str]:
+        return {}  # it is the scheduler: its own reasons are read directly
+
+    def leader_nodes(self) -> list[dict] | None:
+        return None
+
+    def voter_names(self) -> list[str]:
+        return [self.node_name]
+
+    def fetch_log(self, node_name: str, job_id: int, offset: int, limit: int) -> bytes:
+        raise ClusterSetupError(f"job {job_id}'s log is kept by {node_name!r}, which is not this standalone node")
+
+    def handle_remove(self, name: str) -> dict:
+        raise ClusterSetupError("a standalone node has no other members to remove")
+
+    def raft_info(self) -> dict | None:
+        return None
