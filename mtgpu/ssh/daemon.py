@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtgpu.agent import procs
 from mtgpu.ssh import wrapper as wrapper_module
 from mtgpu.ssh.config import (
     PERSISTENT_TERMINAL_MODES,
@@ -194,13 +195,12 @@ class TenantSshd:
             pid = int(self.pid_path.read_text().strip())
         except (OSError, ValueError):
             return None
-        try:
-            # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -f CONFIG ... [listener] ..."),
-            # which keeps the config path.
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+        # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -f CONFIG ... [listener] ..."),
+        # which keeps the config path.
+        argv = procs.cmdline(pid)
+        if argv is None:
             return None
-        if str(self.config_path).encode() not in cmdline:
+        if str(self.config_path) not in " ".join(argv):
             return None  # a stale PidFile whose PID now belongs to another process
         if self._proc is not None and self._proc.pid == pid and self._proc.poll() is not None:
             return None  # our child exited (a zombie answers kill 0)
@@ -245,7 +245,7 @@ class TenantSshd:
         if pid is None and self._proc is not None and self._proc.poll() is None:
             pid = self._proc.pid
         if pid is not None:
-            sessions = _children_of(pid) if end_sessions else []
+            sessions = procs.children_of(pid) if end_sessions else []
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
             self._wait_gone(pid, timeout_s)
@@ -267,7 +267,7 @@ class TenantSshd:
             if self._proc is not None and self._proc.pid == pid:
                 if self._proc.poll() is not None:
                     return
-            elif not _alive(pid):
+            elif not procs.alive(pid):
                 return
             time.sleep(0.02)
         with contextlib.suppress(ProcessLookupError):
@@ -327,26 +327,3 @@ def _atomic_write(path: Path, text: str, mode: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def _children_of(pid: int) -> list[int]:
-    children = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, IndexError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid:
-            children.append(int(name))
-    return children

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtgpu.agent import procs
+
 V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer")
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 CPU_PERIOD_US = 100_000
@@ -46,13 +48,6 @@ def _read(path: str | Path) -> str:
         return f.read()
 
 
-def _live(pid: int) -> bool:
-    """True unless the process is gone or a zombie (a zombie cannot be killed, only reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def gpu_device_nodes(vendor: str | None, indices: tuple[int, ...]) -> list[tuple[str, int, int]]:
@@ -265,7 +260,7 @@ class CgroupManager:
         found: set[int] = set()
         for path in cg.paths.values():
             found |= self._procs_of(path)
-        return {p for p in found if _live(p)}
+        return {p for p in found if procs.alive(p)}
 
     def signal_all(self, job_id: int, sig: int) -> None:
         for pid in self.pids(job_id):

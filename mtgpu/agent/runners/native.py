@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtgpu.agent import procs
 from mtgpu.agent.runners.base import ENDED, LOST, NEVER_STARTED, RUNNING, ExitInfo, Launch, RunnerError
 from mtgpu.agent.runners.cgroups import CgroupManager, gpu_device_nodes
 
@@ -29,19 +30,10 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 STATE_VERSION = 1
 
 
-def _starttime(pid: int) -> int | None:
-    """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == b"Z" else int(fields[19])
-
-
-def _alive(pid: int | None, starttime: int | None) -> bool:
-    """The same process (not a reused PID) is still running."""
-    return bool(pid) and starttime is not None and _starttime(pid) == starttime
+def _alive(pid: int | None, ticks: int | None) -> bool:
+    """The process `pid` that the shim recorded as started at `ticks` (clock ticks since
+    boot) still runs: not a reused PID, not a zombie."""
+    return ticks is not None and procs.same_process(pid, procs.ticks_to_create_time(ticks))
 
 
 def _read_json(path: Path) -> dict | None:
@@ -67,52 +59,7 @@ def marked_pids(job_id: int, token: str) -> set[int]:
     """Processes whose environment carries this run's marker (MTGPU_JOB_ID and
     MTGPU_RUN_TOKEN): finds a job's processes that left its process group, and where
     cgroups are not available."""
-    want = (f"MTGPU_JOB_ID={job_id}".encode(), f"MTGPU_RUN_TOKEN={token}".encode())
-    found = set()
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if want[0] in env and want[1] in env:
-            found.add(int(name))
-    return found
-
-
-def _find_shim(job_dir: Path) -> tuple[int, int] | None:
-    """(pid, start time) of a live shim supervising `job_dir`, found by its command line."""
-    want = [SHIM_PATH.encode(), str(job_dir).encode()]
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[-3:-1] == want or argv[-2:] == want:
-            start = _starttime(int(name))
-            if start is not None:
-                return int(name), start
-    return None
-
-
-def _pgroup_pids(pgid: int) -> set[int]:
-    found = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != b"Z":
-                found.add(int(name))
-    return found
+    return procs.pids_with_env({"MTGPU_JOB_ID": str(job_id), "MTGPU_RUN_TOKEN": token})
 
 
 @dataclass
@@ -213,7 +160,7 @@ class NativeRunner:
             os.close(shim_log)
         state = {
             "version": STATE_VERSION, "runner": "native", "job_id": job_id, "job_dir": str(job_dir),
-            "shim_pid": shim.pid, "shim_starttime": _starttime(shim.pid), "run_token": token,
+            "shim_pid": shim.pid, "shim_started": procs.create_time(shim.pid), "run_token": token,
             "started_at": time.time(), "cgroup_version": cg.version if cg else None,
             "cgroups": dict(cg.paths) if cg else {}, "enforced": enforced,
             "limits": {"cpus": launch.cpus, "mem_bytes": launch.mem_bytes, "pids_max": self.cgroups.pids_max if cg else None},
@@ -282,7 +229,10 @@ class NativeRunner:
     def _shim_alive(self, run: _Run) -> bool:
         if run.shim is not None:
             return run.shim.poll() is None
-        return _alive(run.state.get("shim_pid"), run.state.get("shim_starttime"))
+        started = run.state.get("shim_started")
+        if started is None and run.state.get("shim_starttime") is not None:  # a record of an older version
+            started = procs.ticks_to_create_time(run.state["shim_starttime"])
+        return procs.same_process(run.state.get("shim_pid"), started)
 
     def poll(self, job_id: int) -> ExitInfo | None:
         run = self._run(job_id)
@@ -322,9 +272,9 @@ class NativeRunner:
             state.setdefault("cgroups", {str(i): os.path.dirname(p) for i, p in enumerate(spec.get("cgroup_procs", []))})
             state.setdefault("cgroup_version", self.cgroups.version)
         if not state.get("shim_pid"):  # the server died before it recorded the shim: look for it
-            shim = _find_shim(job_dir)
+            shim = procs.find_by_cmdline([SHIM_PATH, str(job_dir)])
             if shim is not None:
-                state["shim_pid"], state["shim_starttime"] = shim
+                state["shim_pid"], state["shim_started"] = shim
         known = self._runs.get(job_id)
         run = _Run(state, shim=known.shim if known is not None else None)
         self._runs[job_id] = run
@@ -350,7 +300,7 @@ class NativeRunner:
         pids = self.cgroups.pids(job_id)
         child = self._child(run)
         if _alive(child.get("pid"), child.get("starttime")):
-            pids |= _pgroup_pids(child["pid"]) | {child["pid"]}
+            pids |= procs.pgroup_pids(child["pid"]) | {child["pid"]}
         if run.state.get("run_token"):
             pids |= marked_pids(job_id, run.state["run_token"])
         pids.discard(run.state.get("shim_pid"))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ...accounts.apply import apply_plan, read_os_accounts, remove_account, run_tool
 from ...accounts.plan import TenantSpec, plan_accounts, tenant_home
+from ...agent import procs
 from ...config import Config
 from ...ssh.daemon import SshdError, TenantSshd, check_installed
 from ...state import commands as C
@@ -202,14 +203,7 @@ def kill_processes_of(uid: int, timeout_s: float = 5.0) -> None:
     """Stop every process of a removed tenant, by PID, so its account can go."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.stat(f"/proc/{entry}").st_uid == uid:
-                        pids.append(int(entry))
-                except OSError:
-                    pass
+        pids = procs.pids_of_uid(uid)
         if not pids:
             return
         for pid in pids:
