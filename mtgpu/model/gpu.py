@@ -59,10 +59,6 @@ class GpuInfo:
     uuid: str = ""
     processes: list[GpuProcess] = field(default_factory=list)
 
-    @property
-    def vram_free_bytes(self) -> int:
-        return max(0, self.vram_total_bytes - self.vram_used_bytes)
-
     def to_dict(self) -> dict:
         return asdict(self)
 

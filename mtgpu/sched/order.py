@@ -76,7 +76,6 @@ class QueueOrder:
             pos = self._pos[tenant]
             idx = self._lists[tenant][pos][3]
             self._pos[tenant] = pos + 1
-            self._current = tenant
             yield self._jobs[idx]
             self._push(tenant)
 

@@ -13,15 +13,12 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from mtgpu.accounts.apply import apply_plan, read_os_accounts, remove_account, run_tool
 from mtgpu.accounts.plan import SUBID_BASE, SUBID_COUNT, TenantSpec, allocate_ids, plan_accounts
-
-pytestmark = pytest.mark.integration
 
 if sys.platform != "linux" or os.geteuid() != 0:
     pytest.skip("creating accounts needs Linux and root", allow_module_level=True)
@@ -60,16 +57,6 @@ class Node:
             if line.split(":", 1)[0] == name:
                 return line
         return None
-
-
-@pytest.fixture
-def base():
-    d = Path(tempfile.mkdtemp(prefix="mtgpu-accounts-"))
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -12,18 +12,10 @@ import pytest
 
 from tests.support.cluster import free_port_pair, member_name, running_cluster
 from tests.support.node import wait_for
-from tests.support.users import can_create_users, temp_user
-
-pytestmark = pytest.mark.integration
+from tests.support.users import can_create_users
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def alice():
-    with temp_user("mtc") as u:
-        yield u
 
 
 def marks_dir(user, name: str) -> Path:

@@ -18,16 +18,8 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.support.fixtures import temp_user_factory, tenant  # noqa: F401
-except ModuleNotFoundError:  # plain `pytest` without the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.support.fixtures import temp_user_factory, tenant  # noqa: F401
-
 from mtgpu.agent.runners.base import ExitInfo, Launch, Runner
 from mtgpu.agent.runners.native import NativeRunner, marked_pids
-
-pytestmark = pytest.mark.integration
 
 if sys.platform != "linux" or os.geteuid() != 0:
     pytest.skip("the native runner needs Linux and root", allow_module_level=True)

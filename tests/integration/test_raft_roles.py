@@ -9,15 +9,11 @@ import secrets
 import threading
 import time
 
-import pytest
-
 from mtgpu.state import commands as C
 from mtgpu.state.raft import RaftState
 from mtgpu.state.store import ReplicationError
 from tests.support.cluster import free_port_pair
 from tests.support.node import wait_for
-
-pytestmark = pytest.mark.integration
 
 
 def register(store: RaftState, name: str) -> None:

@@ -23,8 +23,6 @@ from tests.support.users import _retry_locked, can_create_users, temp_user
 
 asyncssh = pytest.importorskip("asyncssh")
 
-pytestmark = pytest.mark.integration
-
 _why_not = can_create_users() or check_installed("on") or (
     None if shutil.which("ssh") and shutil.which("scp") else "the ssh client is not installed (openssh-client)")
 if _why_not:

@@ -10,41 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-try:
-    from tests.support.fixtures import temp_user_factory, tenant  # noqa: F401
-except ModuleNotFoundError:  # plain `pytest` without the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.support.fixtures import temp_user_factory, tenant  # noqa: F401
-
 from mtgpu.storage.quota import MeasuredUsage, check_submission
 from mtgpu.storage.shared import check_read_only, fixed_lines, interpreter_publish_root, problem_lines, publish_read_only
-
-pytestmark = pytest.mark.integration
 
 if sys.platform != "linux" or os.geteuid() != 0:
     pytest.skip("publishing to root and running tenants need Linux and root", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "mtgpu.cli.python"]
-
-
-@pytest.fixture
-def base():
-    d = Path(tempfile.mkdtemp(prefix="mtgpu-storage-"))
-    os.chmod(d, 0o755)  # tenants must reach what is published below
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def as_tenant(user, cmd, **kwargs) -> subprocess.CompletedProcess:

@@ -21,8 +21,6 @@ from mtgpu.client.signing import generate_key_pair
 from tests.support.node import free_port, running_node, wait_for
 from tests.support.users import can_create_users
 
-pytestmark = pytest.mark.integration
-
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
 
