@@ -185,8 +185,13 @@ def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
 
 
 def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
-    """Member-to-member routes: every request must be signed with the cluster secret."""
+    """Member-to-member routes: every request must be signed with the cluster secret.
+    A change the cluster could not record answers 503; a refusal of membership, 409."""
     link = service.member.link
+    app.add_exception_handler(ReplicationError, lambda _r, e: JSONResponse(status_code=503,
+                                                                           content={"error": str(e)}))
+    app.add_exception_handler(ClusterSetupError, lambda _r, e: JSONResponse(status_code=409,
+                                                                            content={"error": str(e)}))
 
     async def verified(request: Request) -> bytes:
         body = await request.body()
@@ -198,13 +203,7 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
 
     @app.post("/cluster/v1/report")
     async def report(request: Request) -> dict:
-        body = await verified(request)
-        try:
-            return link.handle_report(json.loads(body))
-        except ReplicationError as e:
-            raise ServiceError(503, str(e)) from None
-        except ClusterSetupError as e:
-            raise ServiceError(409, str(e)) from None
+        return link.handle_report(json.loads(await verified(request)))
 
     @app.post("/cluster/v1/role")
     async def role(request: Request) -> dict:
@@ -213,10 +212,7 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
             voter, voters, term = bool(body["voter"]), [str(v) for v in body["voters"]], int(body["term"])
         except (KeyError, TypeError, ValueError) as e:
             raise ServiceError(422, f"a role change needs voter (bool), voters (list) and term (int): {e}") from None
-        try:
-            return await run_in_threadpool(link.handle_role, voter, voters, term)
-        except ClusterSetupError as e:
-            raise ServiceError(409, str(e)) from None
+        return await run_in_threadpool(link.handle_role, voter, voters, term)
 
     @app.get("/cluster/v1/raft")
     async def raft(request: Request) -> dict:
@@ -226,20 +222,15 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
     @app.post("/cluster/v1/join")
     async def join(request: Request) -> dict:
         body = json.loads(await verified(request))
-        try:
-            return await run_in_threadpool(link.handle_join, body["name"], body["listen"], body["raft"],
-                                           body.get("cluster_id"))
-        except ReplicationError as e:
-            raise ServiceError(503, str(e)) from None
-        except ClusterSetupError as e:
-            raise ServiceError(409, str(e)) from None
+        return await run_in_threadpool(link.handle_join, body["name"], body["listen"], body["raft"],
+                                       body.get("cluster_id"))
 
     @app.post("/cluster/v1/remove")
     async def remove(request: Request) -> dict:
         body = json.loads(await verified(request))
         try:
             return await run_in_threadpool(link.handle_remove, body["name"])
-        except (ReplicationError, ClusterSetupError) as e:
+        except ReplicationError as e:  # the caller says "could not remove": a conflict, not an outage
             raise ServiceError(409, str(e)) from None
 
     @app.get("/cluster/v1/pending")
