@@ -149,6 +149,15 @@ def test_recent_usage_lowers_a_tenant_priority():
     assert fair_share_penalty(3600) == 1.0
 
 
+def test_a_fraction_of_a_point_of_priority_is_caught_up_in_that_fraction_of_an_hour():
+    snap = cluster(make_node("a", 1))
+    low = make_job(1, "1", priority=-0.01, submitted_at=0)  # 0.01 point = 36 s of waiting
+    within = make_job(2, "1", submitted_at=35)
+    beyond = make_job(3, "1", submitted_at=37)
+    assert set(placed(schedule(snap, [low, within], now=1000))) == {2}
+    assert set(placed(schedule(snap, [low, beyond], now=1000))) == {1}
+
+
 # ---- backfill -------------------------------------------------------------------
 
 def _busy_node(name, n_busy, n_free, job_id=99):
