@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..agent.telemetry.simulated import default_override_path, write_simulated_load
 from ..client.local import LocalClient, find_socket
+from ..model.tenant import SHARE_HELP, validate_share
 from ..model.units import UnitError, parse_size
 from .common import fail, out, print_json, print_jobs_table, request, size, when
 
@@ -97,15 +98,15 @@ def tenant_invite(
 
 @tenant_app.command("list")
 def tenant_list(json_out: bool = typer.Option(False, "--json")) -> None:
-    """Every tenant with uid/gid, clusters and last activity."""
+    """Every tenant with uid/gid, clusters, fair-share weight and last activity."""
     rows = request(LocalClient, lambda c: c.tenants())
     if json_out:
         print_json(rows)
         return
-    table = Table("TENANT", "UID", "GID", "KIND", "CLUSTERS", "KEYS", "LAST SEEN", box=None)
+    table = Table("TENANT", "UID", "GID", "KIND", "CLUSTERS", "SHARE", "KEYS", "LAST SEEN", box=None)
     for t in rows:
         table.add_row(t["name"], str(t["uid"]), str(t["gid"]), "invited" if t["managed"] else "local",
-                      ",".join(t["clusters"]) or "-", str(len(t["keys"])), when(t["last_seen_at"]))
+                      ",".join(t["clusters"]) or "-", f"{t['share']:g}", str(len(t["keys"])), when(t["last_seen_at"]))
     out.print(table)
 
 
@@ -117,10 +118,33 @@ def tenant_remove(name: str) -> None:
 
 
 @tenant_app.command("assign")
-def tenant_assign(name: str, cluster: list[str] = typer.Option(..., "--cluster", help="cluster id (repeatable)")) -> None:
-    """Set the clusters a tenant may use."""
-    request(LocalClient, lambda c: c.assign_tenant(name, list(cluster)))
-    out.print(f"tenant {name}: clusters {', '.join(cluster)}")
+def tenant_assign(
+    name: str,
+    cluster: list[str] = typer.Option([], "--cluster", help="cluster id the tenant may use (repeatable; replaces the list)"),
+    share: Optional[str] = typer.Option(None, "--share", help=f"fair-share weight: {SHARE_HELP}"),
+) -> None:
+    """Set the clusters a tenant may use (--cluster) and its fair-share weight (--share).
+
+    The share divides the tenant's recent GPU usage in the queue order (docs/SCHEDULING.md):
+    two busy tenants of shares 2 and 1 get GPU time about 2:1. A local user (an OS account
+    of this node) can be given a share before its first job."""
+    if not cluster and share is None:
+        fail("say what to assign: --cluster ID (repeatable) and/or --share N", 2)
+    weight = None
+    if share is not None:
+        try:
+            weight = float(share)
+        except ValueError:
+            weight = share
+        why = validate_share(weight)
+        if why:
+            fail(f"--share {share}: {why}", 2)
+    if weight is not None:
+        r = request(LocalClient, lambda c: c.set_tenant_share(name, weight))
+        out.print(f"tenant {name}: share {r['share']:g}")
+    if cluster:
+        request(LocalClient, lambda c: c.assign_tenant(name, list(cluster)))
+        out.print(f"tenant {name}: clusters {', '.join(cluster)}")
 
 
 def _as_of(text: str | None) -> float | None:

@@ -130,3 +130,6 @@ class LocalClient:
 
     def assign_tenant(self, name: str, clusters: list[str]) -> dict:
         return self._call("POST", f"/v1/tenants/{name}/assign", json={"clusters": clusters})
+
+    def set_tenant_share(self, name: str, share: float) -> dict:
+        return self._call("POST", f"/v1/tenants/{name}/share", json={"share": share})

@@ -89,6 +89,7 @@ class _Invalid(Exception):
 
 _NUMBER_RE = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
 _INT_RE = re.compile(r"^[+-]?[0-9]{1,12}$")
+_PRIORITY_RE = re.compile(r"^[+-]?[0-9]{1,4}(?:\.[0-9]{1,3})?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -210,8 +211,18 @@ def _parse_nodes(value: str) -> int:
     return _parse_int(value, 1, MAX_NODES, "the number of nodes", "nodes=2")
 
 
-def _parse_priority(value: str) -> int:
-    return _parse_int(value, PRIORITY_RANGE[0], PRIORITY_RANGE[1], "the priority", "priority=10")
+def _parse_priority(value: str) -> float:
+    """Points, with up to three decimals: aging adds one point per hour waited, so a
+    thousandth of a point is 3.6 seconds of waiting (docs/SCHEDULING.md)."""
+    text = value.strip()
+    lo, hi = PRIORITY_RANGE
+    if not _PRIORITY_RE.match(text):
+        raise _Invalid(f"the priority must be a number from {lo} to {hi} with at most 3 decimals, "
+                       "e.g. priority=10 or priority=-0.5")
+    points = float(text)
+    if not lo <= points <= hi:
+        raise _Invalid(f"the priority must be from {lo} to {hi}, e.g. priority=10")
+    return points
 
 
 _ARRAY_HELP = "write indices as 0-9, 1,3,5, 0-10:2 (step 2) or 1-3,7, optionally %N to run at most N at once (0-99%10)"
@@ -305,7 +316,8 @@ _TABLE: dict[str, _Directive] = {
     "nodes": _Directive("run the same command on N nodes at once, all or nothing", _parse_nodes, "nodes"),
     "array": _Directive("one job per index: 0-9, 1,3,5, 0-10:2, 0-99%10 (at most 10 at once)", _parse_array, "array"),
     "name": _Directive("a label for the job", _parse_name, "name"),
-    "priority": _Directive(f"base priority, {PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}", _parse_priority, "priority"),
+    "priority": _Directive(f"base priority in points, {PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]} (up to 3 decimals; "
+                           "waiting adds 1 point an hour)", _parse_priority, "priority"),
     "time": _Directive("wall-clock limit, e.g. 90 (minutes), 2h or 1-12:00:00", _parse_time, "time_limit_s"),
     "workdir": _Directive("directory the job starts in", _parse_workdir, "workdir"),
     "requeue": _Directive("yes (default) or no: put the job back in the queue if its node is lost", _parse_requeue, "requeue"),

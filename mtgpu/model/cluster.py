@@ -67,10 +67,12 @@ class ClusterSnapshot:
 
 @dataclass(slots=True)
 class TenantUsage:
-    """Recent usage of one tenant (decayed GPU-seconds), for fair share."""
+    """Recent usage of one tenant (decayed GPU-seconds) and its share (the weight an admin
+    gave it, 1 by default), for fair share: the usage counts divided by the share."""
 
     tenant: str
     gpu_seconds: float = 0.0
+    share: float = 1.0
 
 
 @dataclass(slots=True)

@@ -67,7 +67,7 @@ class JobSpec:
     container: str | None = None
     nodes: int = 1
     array: ArraySpec | None = None
-    priority: int = 0
+    priority: float = 0.0  # points; aging adds one an hour (docs/SCHEDULING.md)
     time_limit_s: float | None = None
     workdir: str | None = None
     requeue: bool = True

@@ -89,3 +89,21 @@ def validate_tenant_name(name: str) -> str | None:
         if name.startswith(prefix):
             return f"tenant name {name!r} is reserved (names starting with {prefix!r} are the system's); choose another name"
     return None
+
+
+DEFAULT_SHARE = 1.0
+SHARE_RANGE = (0.01, 1000.0)
+SHARE_HELP = (f"a tenant's share is a number from {SHARE_RANGE[0]:g} to {SHARE_RANGE[1]:g} "
+              f"(default {DEFAULT_SHARE:g}), e.g. 0.5, 2 or 10")
+
+
+def validate_share(share: object) -> str | None:
+    """None when `share` can be a tenant's fair-share weight, else why not (naming the value).
+
+    The weight divides the tenant's recent usage in the fair-share term (docs/SCHEDULING.md);
+    bounded so that neither a tenant nor its penalty can vanish or overflow."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)):
+        return f"share {share!r} is not a number: {SHARE_HELP}"
+    if not SHARE_RANGE[0] <= share <= SHARE_RANGE[1]:  # NaN fails both comparisons
+        return f"share {share:g} is out of range: {SHARE_HELP}"
+    return None

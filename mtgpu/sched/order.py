@@ -2,13 +2,17 @@
 
     effective(job) = priority
                      + AGING_PER_HOUR * min(hours waited, AGING_CAP_HOURS)
-                     - FAIR_SHARE_WEIGHT * log2(1 + tenant GPU-hours / 1 GPU-hour)
+                     - FAIR_SHARE_WEIGHT * log2(1 + tenant GPU-hours / (share x 1 GPU-hour))
 
 `priority` is the job's `priority=`; hours waited is (now - submitted_at) / 3600;
 tenant GPU-hours are the tenant's recent (decayed) usage from `TenantUsage`, plus
 what this pass has already started for the tenant (each started job counts its
-GPUs times its `time=` limit, or one hour without one). The logarithm keeps the
-penalty meaningful at every scale: 1 GPU-hour costs 1 point, 7 cost 3, 1023 cost 10.
+GPUs times its `time=` limit, or one hour without one). `share` is the tenant's
+weight (`TenantUsage.share`, 1 by default): usage is normalized by it, as Slurm's
+fair share normalizes usage by shares, so a tenant of share 2 pays half the points
+per GPU-hour and two busy tenants end up with GPU time in the ratio of their shares.
+The logarithm keeps the penalty meaningful at every scale: at share 1, 1 GPU-hour
+costs 1 point, 7 cost 3, 1023 cost 10.
 
 Jobs of one tenant keep their own order (effective priority, then submission
 time, then id); tenants compete through their next job, and because every start
@@ -37,8 +41,8 @@ def base_priority(job: PendingJob, now: float) -> float:
     return job.spec.priority + AGING_PER_HOUR * min(waited_h, AGING_CAP_HOURS)
 
 
-def fair_share_penalty(gpu_seconds: float) -> float:
-    return FAIR_SHARE_WEIGHT * math.log2(1.0 + max(0.0, gpu_seconds) / 3600.0)
+def fair_share_penalty(gpu_seconds: float, share: float = 1.0) -> float:
+    return FAIR_SHARE_WEIGHT * math.log2(1.0 + max(0.0, gpu_seconds) / (3600.0 * share))
 
 
 def pass_usage_gpu_seconds(job: PendingJob, gpus_per_rank: float) -> float:
@@ -52,6 +56,7 @@ class QueueOrder:
 
     def __init__(self, queue: list[PendingJob], now: float, usage: dict[str, TenantUsage] | None) -> None:
         self._usage = {t: u.gpu_seconds for t, u in (usage or {}).items()}
+        self._share = {t: u.share for t, u in (usage or {}).items() if u.share > 0}
         per_tenant: dict[str, list[tuple[float, float, int, int]]] = {}
         self._jobs = queue
         for i, job in enumerate(queue):
@@ -67,7 +72,7 @@ class QueueOrder:
         lst = self._lists[tenant]
         if pos < len(lst):
             negp, sub, jid, _ = lst[pos]
-            key = negp + fair_share_penalty(self._usage.get(tenant, 0.0))
+            key = negp + fair_share_penalty(self._usage.get(tenant, 0.0), self._share.get(tenant, 1.0))
             heapq.heappush(self._heap, (key, sub, jid, tenant))
 
     def __iter__(self) -> Iterator[PendingJob]:

@@ -18,6 +18,7 @@ TENANT_JOIN = "tenant.join.v1"
 TENANT_ASSIGN = "tenant.assign.v1"
 TENANT_REMOVE = "tenant.remove.v1"
 TENANT_SEEN = "tenant.seen.v1"
+TENANT_SHARE = "tenant.share.v1"
 NODE_REGISTER = "node.register.v1"
 NODE_DRAIN = "node.drain.v1"
 NODE_RESUME = "node.resume.v1"
@@ -43,6 +44,7 @@ ALL_COMMANDS = (
     TENANT_ASSIGN,
     TENANT_REMOVE,
     TENANT_SEEN,
+    TENANT_SHARE,
     NODE_REGISTER,
     NODE_DRAIN,
     NODE_RESUME,

@@ -124,6 +124,7 @@ class StateMachine(TenantCommands):
             C.TENANT_ASSIGN: self._tenant_assign,
             C.TENANT_REMOVE: self._tenant_remove,
             C.TENANT_SEEN: self._tenant_seen,
+            C.TENANT_SHARE: self._tenant_share,
             C.NODE_REGISTER: self._node_register,
             C.NODE_DRAIN: self._node_drain,
             C.NODE_RESUME: self._node_resume,

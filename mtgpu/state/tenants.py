@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model.tenant import IdRangeExhausted, allocate_ids, validate_tenant_name
+from ..model.tenant import DEFAULT_SHARE, IdRangeExhausted, allocate_ids, validate_share, validate_tenant_name
 
 
 class TenantRejected(Exception):
@@ -30,11 +30,12 @@ class TenantRecord:
     keys: list[str] = field(default_factory=list)
     clusters: list[str] = field(default_factory=list)
     last_login_at: float | None = None
+    share: float = DEFAULT_SHARE  # fair-share weight (`tenant.share.v1`); docs/SCHEDULING.md
 
     def to_dict(self) -> dict:
         return {"name": self.name, "uid": self.uid, "gid": self.gid, "created_at": self.created_at,
                 "last_seen_at": self.last_seen_at, "managed": self.managed, "keys": list(self.keys),
-                "clusters": list(self.clusters), "last_login_at": self.last_login_at}
+                "clusters": list(self.clusters), "last_login_at": self.last_login_at, "share": self.share}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TenantRecord":
@@ -107,6 +108,15 @@ class TenantCommands:
     def _tenant_assign(self, name: str, clusters: list, at: float = 0.0) -> dict:
         self._tenant(name).clusters = [str(c) for c in clusters]
         return {}
+
+    def _tenant_share(self, name: str, share: float, at: float = 0.0) -> dict:
+        """Set the tenant's fair-share weight: its recent usage counts divided by it."""
+        why = validate_share(share)
+        if why:
+            raise TenantRejected(why)
+        t = self._tenant(name)
+        t.share = float(share)
+        return {"share": t.share}
 
     def _tenant_remove(self, name: str, at: float = 0.0) -> dict:
         t = self._tenant(name)

@@ -168,6 +168,11 @@ def test_placement_and_labels():
     assert spec.requeue is False
 
 
+@pytest.mark.parametrize("text, points", [("-0.005", -0.005), ("2.5", 2.5), ("+10", 10.0), ("-1000", -1000.0)])
+def test_priority_takes_fractions_of_a_point(text, points):
+    assert parse(f"priority={text}").priority == points
+
+
 def test_requeue_defaults_to_yes():
     assert parse().requeue is True
     assert parse("requeue=yes").requeue is True
@@ -230,6 +235,8 @@ def test_array_errors(value, fragment):
         ("nodes=0", "from 1 to"),
         ("nodes=1.5", "whole number"),
         ("priority=5000", "from -1000 to 1000"),
+        ("priority=0.0001", "at most 3 decimals"),
+        ("priority=1e3", "at most 3 decimals"),
         ("time=soon", "a duration such as"),
         ("time=0", "a duration such as"),
         ("name=", "a label of 1 to 200"),

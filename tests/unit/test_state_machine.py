@@ -294,3 +294,41 @@ def test_a_late_report_takes_the_copy_placed_back_on_the_same_member_before_it_s
     job = sm.jobs[jid]
     assert job.state is JobState.COMPLETED and job.attempt == 0 and job.allocations[0].gpus[0].index == 0
     assert sm.running_jobs() == [] and sm.commitment("n1").gpus[1].fraction == 0
+
+
+def test_a_tenant_share_is_set_kept_in_snapshots_and_bad_values_are_refused_naming_them():
+    sm = setup_machine()
+    assert sm.tenants["alice"].share == 1.0
+    r = sm.apply(C.command(C.TENANT_SHARE, name="alice", share=2.5, at=3.0))
+    assert r == {"ok": True, "share": 2.5}
+    named = {0: "share 0 ", -1: "share -1 ", 1e6: "share 1e+06 ", float("nan"): "share nan ",
+             float("inf"): "share inf ", "2": "share '2' ", True: "share True ", None: "share None "}
+    for bad, fragment in named.items():
+        r = sm.apply(C.command(C.TENANT_SHARE, name="alice", share=bad, at=3.0))
+        assert not r["ok"] and fragment in r["error"] and "from 0.01 to 1000" in r["error"], r
+    assert sm.tenants["alice"].share == 2.5
+    r = sm.apply(C.command(C.TENANT_SHARE, name="nobody", share=2, at=3.0))
+    assert not r["ok"] and "no tenant named 'nobody'" in r["error"]
+    again = StateMachine.from_dict(json.loads(json.dumps(sm.to_dict())))
+    assert again.tenants["alice"].share == 2.5
+
+
+def test_a_snapshot_written_before_shares_existed_loads_with_share_one():
+    d = setup_machine().to_dict()
+    for t in d["tenants"]:
+        del t["share"]
+    assert StateMachine.from_dict(d).tenants["alice"].share == 1.0
+
+
+def test_the_scheduler_view_carries_each_tenants_share_and_decayed_usage():
+    from mtgpu.server.member.view import build_usage
+
+    sm = setup_machine()
+    sm.apply(C.command(C.TENANT_ENSURE, name="bob", uid=2002, gid=2002, at=1.0))
+    sm.apply(C.command(C.TENANT_SHARE, name="bob", share=4, at=2.0))
+    jid = submit(sm, gpus=(GpuAlternative(1.0),))
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=10.0))["ok"]
+    assert sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=0, at=110.0))["ok"]
+    usage = build_usage(sm, now=110.0)
+    assert (usage["alice"].gpu_seconds, usage["alice"].share) == (100.0, 1.0)
+    assert (usage["bob"].gpu_seconds, usage["bob"].share) == (0.0, 4.0)

@@ -55,6 +55,10 @@ class AssignRequest(BaseModel):
     clusters: list[str]
 
 
+class ShareRequest(BaseModel):
+    share: float = Field(description="the tenant's fair-share weight (checked by the service, which names the range)")
+
+
 class JoinRequest(BaseModel):
     code: str = Field(max_length=200)
     key: str = Field(max_length=2000, description="an OpenSSH ed25519 public key line")
@@ -120,6 +124,10 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
     @app.post("/v1/tenants/{name}/assign")
     def tenant_assign(name: str, body: AssignRequest, request: Request) -> dict:
         return tenants.assign(caller(request), name, body.clusters)
+
+    @app.post("/v1/tenants/{name}/share")
+    def tenant_share(name: str, body: ShareRequest, request: Request) -> dict:
+        return tenants.set_share(caller(request), name, body.share)
 
     return app
 

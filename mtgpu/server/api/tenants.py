@@ -8,7 +8,7 @@ import pwd
 import secrets
 
 from ...client.signing import HEADER_TENANT, BadKey, SignatureVerifier, parse_public_key
-from ...model.tenant import validate_tenant_name
+from ...model.tenant import validate_share, validate_tenant_name
 from ...state import commands as C
 from .identity import Caller
 from .service import MemberService, ServiceError
@@ -76,6 +76,29 @@ class TenantService:
         if not r["ok"]:
             raise ServiceError(404, r["error"])
         return {"name": name, "clusters": clusters}
+
+    def set_share(self, caller: Caller, name: str, share: float) -> dict:
+        """The tenant's fair-share weight. A local user (an OS account of this node) that
+        has not used the node yet is made a tenant first, with the ids the OS gives it, as
+        its first command would; so shares can be set before anyone submits."""
+        self._admin(caller, "setting a tenant's share")
+        why = validate_share(share)
+        if why:
+            raise ServiceError(422, f"refused: {why}", refused=True)
+        now = self.service.clock()
+        if name not in self.store.machine.tenants:
+            try:
+                pw = pwd.getpwnam(name)
+            except KeyError:
+                raise ServiceError(404, f"no tenant named {name!r}, and this node has no OS account of that name; "
+                                        "`mtgpu-admin tenant list` shows the tenants", refused=True) from None
+            r = self.service.apply(C.TENANT_ENSURE, name=name, uid=pw.pw_uid, gid=pw.pw_gid, at=now)
+            if not r["ok"]:
+                raise ServiceError(409, f"tenant {name!r}: {r['error']}", refused=True)
+        r = self.service.apply(C.TENANT_SHARE, name=name, share=float(share), at=now)
+        if not r["ok"]:
+            raise ServiceError(409, f"refused: {r['error']}", refused=True)
+        return {"name": name, "share": r["share"]}
 
     @staticmethod
     def _admin(caller: Caller, what: str) -> None:

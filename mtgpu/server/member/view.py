@@ -69,10 +69,11 @@ USAGE_HALF_LIFE_S = 6 * 3600.0
 
 
 def build_usage(machine: StateMachine, now: float, half_life_s: float = USAGE_HALF_LIFE_S) -> dict[str, TenantUsage]:
-    """Recent GPU use per tenant, in GPU-seconds decayed with a half-life (for fair share).
+    """Recent GPU use per tenant, in GPU-seconds decayed with a half-life, and each
+    tenant's share (`mtgpu-admin tenant assign NAME --share N`), for fair share.
 
     Jobs that ended more than eight half-lives ago no longer count."""
-    usage: dict[str, TenantUsage] = {}
+    usage = {t.name: TenantUsage(t.name, share=t.share) for t in machine.tenants.values()}
     horizon = now - 8 * half_life_s
     for job in machine.jobs.values():
         if job.started_at is None:

@@ -58,7 +58,7 @@ def parse_gpus(text: str | None) -> tuple[GpuAlternative, ...]:
 
 
 def make_spec(gpus: str | None = None, *, vram: str | None = None, cpus: float | None = None, mem: str | None = None,
-              mode: str = "exclusive", server: str | None = None, nodes: int = 1, priority: int = 0,
+              mode: str = "exclusive", server: str | None = None, nodes: int = 1, priority: float = 0.0,
               time: float | None = None, array_max: int | None = None, array_n: int = 0) -> JobSpec:
     return JobSpec(
         gpus=parse_gpus(gpus), vram_bytes=parse_size(vram) if vram else None, cpus=cpus,

@@ -149,6 +149,37 @@ def test_recent_usage_lowers_a_tenant_priority():
     assert fair_share_penalty(3600) == 1.0
 
 
+def test_a_share_divides_the_tenants_usage_in_the_fair_share_term():
+    assert fair_share_penalty(2 * 3600, share=2) == 1.0 == fair_share_penalty(3600)
+    snap = cluster(make_node("a", 1))
+    jobs = [make_job(1, "1", tenant="small", submitted_at=0), make_job(2, "1", tenant="big", submitted_at=50)]
+    same_use = {"small": TenantUsage("small", gpu_seconds=3 * 3600),
+                "big": TenantUsage("big", gpu_seconds=3 * 3600, share=3)}
+    assert set(placed(schedule(snap, jobs, now=100, usage=same_use))) == {2}
+    same_use["big"].share = 1.0  # without the share the earlier job goes first
+    assert set(placed(schedule(snap, jobs, now=100, usage=same_use))) == {1}
+
+
+def test_busy_tenants_get_gpus_in_the_ratio_of_their_shares():
+    snap = cluster(make_node("a", 8))
+    jobs = [make_job(i, "1", tenant="a", submitted_at=0, time=3600) for i in range(1, 21)]
+    jobs += [make_job(100 + i, "1", tenant="b", submitted_at=0, time=3600) for i in range(1, 21)]
+    usage = {"a": TenantUsage("a", share=3.0), "b": TenantUsage("b")}
+    started = placed(schedule(snap, jobs, now=10, usage=usage))
+    assert sum(j < 100 for j in started) == 6 and sum(j > 100 for j in started) == 2
+    even = placed(schedule(snap, jobs, now=10))
+    assert sum(j < 100 for j in even) == 4
+
+
+def test_a_fraction_of_a_point_of_priority_is_caught_up_in_that_fraction_of_an_hour():
+    snap = cluster(make_node("a", 1))
+    low = make_job(1, "1", priority=-0.01, submitted_at=0)  # 0.01 point = 36 s of waiting
+    within = make_job(2, "1", submitted_at=35)
+    beyond = make_job(3, "1", submitted_at=37)
+    assert set(placed(schedule(snap, [low, within], now=1000))) == {2}
+    assert set(placed(schedule(snap, [low, beyond], now=1000))) == {1}
+
+
 # ---- backfill -------------------------------------------------------------------
 
 def _busy_node(name, n_busy, n_free, job_id=99):
