@@ -13,26 +13,12 @@ import pytest
 
 from tests.support.cluster import GPUS_2, jobs_json, member_name, running_cluster
 from tests.support.node import running_node, wait_for
-from tests.support.users import can_create_users, temp_user
-
-pytestmark = pytest.mark.integration
+from tests.support.users import can_create_users
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
 
 RTX1 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 1}]
-
-
-@pytest.fixture(scope="module")
-def alice():
-    with temp_user("mtqa") as u:
-        yield u
-
-
-@pytest.fixture(scope="module")
-def bob():
-    with temp_user("mtqb") as u:
-        yield u
 
 
 def admin_ok(node, *args: str) -> str:
