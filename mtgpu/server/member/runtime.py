@@ -151,12 +151,16 @@ class Member:
         elif self.scheduler.epoch is not None:
             log.info("%s no longer schedules", self.node_name)
             self.scheduler.step_down()
+        # In sync first, then the lease: a member found in sync has a report taken, so the
+        # lease it renews next covers every job the agent starts in this pass (the other
+        # order could start a job on a lease still lapsed, and the shim would kill it).
+        in_sync = self.link.in_sync()
         if self.lease is not None:
             at = self.link.lease_time()
             if at is not None:
                 self.lease.renew(at)
         tel = self.local_telemetry
-        self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set(), self.link.in_sync())
+        self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set(), in_sync)
         self.accounts.run_once()
 
     def refresh_telemetry(self, force: bool = False) -> None:
