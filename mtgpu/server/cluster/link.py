@@ -395,9 +395,12 @@ class ClusterLink:
             "raft": {"voter": store.is_voter(), "applied": store.applied_index(), "caught_up": store.caught_up(),
                      "generation": store.generation, "boot": store.boot},
         }, timeout_s=2.0)
-        self._last_report_ok, self._last_report_sent_at, self._last_leader = sent, sent_wall, leader
+        # The lease time and the commit index before the moment that makes this member in
+        # touch: a reader that sees it in touch sees them too.
+        self._last_report_sent_at, self._last_leader = sent_wall, leader
         if isinstance(answer.get("commit"), int):
             self._leader_commit = answer["commit"]
+        self._last_report_ok = sent
         self._check_counted(answer.get("voters"))
         return True
 
