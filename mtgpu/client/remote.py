@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from .local import ClientError, answer
+from .errors import ClientError, answer
 from .signing import load_private_key, sign_headers
 
 
