@@ -15,7 +15,9 @@ import typer
 
 from ..client.local import ClientError, LocalClient
 from ..jobfile import DIRECTIVES
+from ..model.job import JobState
 from .common import err, fail, gpu_text, out, print_json, print_jobs_table, request, size, when
+from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, follow_to_end, print_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -90,27 +92,16 @@ def submit(
         fail(e)
 
 
-def follow_log(c: LocalClient, job_id: int, follow: bool = True, write: bool = True) -> None:
-    """Print a job's output; with `follow`, keep going until the job has ended and all is read."""
-    offset = 0
-    while True:
-        chunk = c.log(job_id, offset)
-        if chunk["data"] and write:
-            sys.stdout.write(chunk["data"])
-            sys.stdout.flush()
-        offset = chunk["offset"]
-        if not follow or (chunk["final"] and not chunk["data"]):
-            return
-        if not chunk["data"]:
-            time.sleep(0.2)
-
-
 def _wait_and_print(c: LocalClient, job_ids: list[int], json_out: bool) -> int:
     status = 0
     jobs = []
     for jid in job_ids:
-        follow_log(c, jid, write=not json_out)
-        job = c.job(jid)
+        if json_out:
+            while not JobState((job := c.job(jid))["state"]).final:
+                time.sleep(0.2)
+        else:
+            follow_to_end(c, jid)
+            job = c.job(jid)
         jobs.append(job)
         if not json_out:
             err.print(f"job {jid} {job['state']}" + (f" (exit {job['exit_code']})" if job["exit_code"] is not None else "")
@@ -176,10 +167,10 @@ def cancel(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
         out.print(f"cancelled {', '.join(map(str, r['cancelled']))}")
 
 
-@app.command()
-def logs(job_id: int, follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the job ends")) -> None:
-    """Print a job's output (stdout and stderr)."""
-    request(_client, lambda c: follow_log(c, job_id, follow=follow))
+@app.command(help=LOGS_HELP)
+def logs(job_id: int, follow: bool = FOLLOW, tail: Optional[int] = TAIL, head: Optional[int] = HEAD,
+         rank: int = RANK) -> None:
+    print_log(_client, job_id, follow, head, tail, rank)
 
 
 def main() -> None:

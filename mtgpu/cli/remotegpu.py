@@ -19,6 +19,7 @@ from rich.table import Table
 from ..client.remote import RemoteClient
 from ..client.signing import BadKey, generate_key_pair, load_private_key, public_line
 from .common import fail, out, print_json, print_jobs_table, request
+from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, print_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -147,10 +148,10 @@ def cancel(job_id: int, server: Optional[str] = typer.Option(None, "--server")) 
     out.print(f"cancelled {job_id}")
 
 
-@app.command()
-def logs(job_id: int, server: Optional[str] = typer.Option(None, "--server")) -> None:
-    """Print one of your jobs' output."""
-    request(_connect(server), lambda c: sys.stdout.write(c.log(job_id)["data"]))
+@app.command(help=LOGS_HELP)
+def logs(job_id: int, server: Optional[str] = typer.Option(None, "--server"), follow: bool = FOLLOW,
+         tail: Optional[int] = TAIL, head: Optional[int] = HEAD, rank: int = RANK) -> None:
+    print_log(_connect(server), job_id, follow, head, tail, rank)
 
 
 def main() -> None:

@@ -9,33 +9,16 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ContextManager, Mapping
 
 import httpx
 
+from ..model import logstream
+from .errors import ClientError, answer
+from .logs import LogPart, stream_log
+
 DEFAULT_CONFIG = "/etc/mtgpu/mtgpu.toml"
 DEFAULT_STATE_DIR = "/var/lib/mtgpu"
-
-
-class ClientError(Exception):
-    """The node answered with an error, or could not be reached; the message says which."""
-
-    def __init__(self, message: str, status: int = 0, refused: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.refused = refused
-
-
-def answer(r: httpx.Response) -> Any:
-    """The JSON body of a node's answer, or ClientError with the node's own message."""
-    if r.status_code >= 400:
-        try:
-            body = r.json()
-        except ValueError:
-            body = {"error": r.text}
-        msg = body.get("error") or body.get("detail") or r.text
-        raise ClientError(str(msg), status=r.status_code, refused=bool(body.get("refused")))
-    return r.json()
 
 
 def find_socket(env: Mapping[str, str] | None = None) -> str:
@@ -70,14 +53,16 @@ class LocalClient:
     def _call(self, method: str, path: str, **kw) -> Any:
         try:
             r = self._http.request(method, path, **kw)
-        except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError) as e:
-            raise ClientError(
-                f"cannot reach the mtgpu node at {self.socket_path} ({e}); is mtgpu-server running? "
-                "Set MTGPU_SOCKET or MTGPU_CONFIG if it uses another STATE_DIR"
-            ) from None
-        except httpx.HTTPError as e:
-            raise ClientError(f"talking to the node at {self.socket_path} failed: {e}") from None
+        except (httpx.HTTPError, FileNotFoundError, ConnectionRefusedError) as e:
+            raise self._unreachable(e) from None
         return answer(r)
+
+    def _unreachable(self, e: Exception) -> ClientError:
+        if isinstance(e, (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError)):
+            return ClientError(
+                f"cannot reach the mtgpu node at {self.socket_path} ({e}); is mtgpu-server running? "
+                "Set MTGPU_SOCKET or MTGPU_CONFIG if it uses another STATE_DIR")
+        return ClientError(f"talking to the node at {self.socket_path} failed: {e}")
 
     # ---------------------------------------------------------------- calls
     def health(self) -> dict:
@@ -98,8 +83,14 @@ class LocalClient:
     def cancel(self, job_id: int) -> dict:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
-    def log(self, job_id: int, offset: int = 0) -> dict:
-        return self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset})
+    def open_log(self, job_id: int, offset: int = 0, tail: int | None = None,
+                 rank: int = 0) -> ContextManager[LogPart]:
+        """One slice of a job's log, streamed: from `offset` (or its last `tail` lines) to its size now."""
+        params: dict = {"offset": offset, "rank": rank}
+        if tail is not None:
+            params["tail"] = tail
+        path = logstream.LOG_STREAM_PATH.format(job_id=job_id)
+        return stream_log(lambda: self._http.stream("GET", path, params=params), job_id, self._unreachable)
 
     def nodes(self) -> list[dict]:
         return self._call("GET", "/v1/nodes")

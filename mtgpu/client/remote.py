@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager
 
 import httpx
 
-from .local import ClientError, answer
+from ..model import logstream
+from .errors import ClientError, answer
+from .logs import LogPart, stream_log
 from .signing import load_private_key, sign_headers
 
 
@@ -32,6 +34,16 @@ class RemoteClient:
 
     def _call(self, method: str, path: str, payload: dict | None = None, signed: bool = True,
               params: dict | None = None) -> Any:
+        path, body, headers = self._prepare(method, path, payload, signed, params)
+        try:
+            r = self._http.request(method, path, content=body, headers=headers)
+        except httpx.HTTPError as e:
+            raise self._unreachable(e) from None
+        return answer(r)
+
+    def _prepare(self, method: str, path: str, payload: dict | None, signed: bool,
+                 params: dict | None) -> tuple[str, bytes, dict[str, str]]:
+        """The path with its query, the body and the headers, signed with the tenant's key."""
         if params:
             path = path + "?" + "&".join(f"{k}={v}" for k, v in params.items())
         body = json.dumps(payload).encode() if payload is not None else b""
@@ -40,11 +52,10 @@ class RemoteClient:
             if self._key is None or not self.tenant:
                 raise ClientError("this call needs your key: join first (remotegpu-cli join CODE --server HOST:PORT)")
             headers.update(sign_headers(self._key, self.tenant, method, path, body))
-        try:
-            r = self._http.request(method, path, content=body, headers=headers)
-        except httpx.HTTPError as e:
-            raise ClientError(f"cannot reach {self.server}: {e}") from None
-        return answer(r)
+        return path, body, headers
+
+    def _unreachable(self, e: Exception) -> ClientError:
+        return ClientError(f"cannot reach {self.server}: {e}")
 
     def info(self) -> dict:
         return self._call("GET", "/v1/info", signed=False)
@@ -67,5 +78,11 @@ class RemoteClient:
     def cancel(self, job_id: int) -> dict:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
-    def log(self, job_id: int, offset: int = 0) -> dict:
-        return self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset})
+    def open_log(self, job_id: int, offset: int = 0, tail: int | None = None,
+                 rank: int = 0) -> ContextManager[LogPart]:
+        """One slice of a job's log, streamed: from `offset` (or its last `tail` lines) to its size now."""
+        params: dict = {"offset": offset, "rank": rank}
+        if tail is not None:
+            params["tail"] = tail
+        path, _, headers = self._prepare("GET", logstream.LOG_STREAM_PATH.format(job_id=job_id), None, True, params)
+        return stream_log(lambda: self._http.stream("GET", path, headers=headers), job_id, self._unreachable)

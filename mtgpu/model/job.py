@@ -189,6 +189,11 @@ class Job:
             "history": [dict(h) for h in self.history],
         }
 
+    def rank_log_path(self, rank: int) -> str:
+        """The log of one rank (relative to STATE_DIR, on that rank's member): rank 0's
+        is the job's log; a gang's other ranks each write their own."""
+        return self.log_path if rank == 0 else self.log_path.replace(".log", f".rank{rank}.log")
+
     @classmethod
     def from_dict(cls, d: dict) -> "Job":
         return cls(

@@ -29,8 +29,8 @@ UID_RANGE = (310000, 319999)  # apart from other tests' users, so a leftover can
 HAVE_SSHD = shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")
 
 
-def remotegpu(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=True,
+def remotegpu(home: Path, *args: str, binary: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=not binary,
                           env={**os.environ, "REMOTEGPU_HOME": str(home)}, timeout=60)
 
 
@@ -115,6 +115,16 @@ def test_invite_join_gives_an_account_and_keys_work_for_the_api(node, tmp_path):
     jid = json.loads(r.stdout)["job_id"]
     assert node.wait_state(jid, {"completed", "failed"})["state"] == "completed"
     assert remotegpu(home_a, "logs", str(jid)).stdout.strip() == a
+    # A log of many chunks arrives whole over the signed API, byte for byte; --head/--tail cut lines.
+    job_file.write_text("#!/bin/bash\nyes \"$(printf 'é%.0s' {1..99})\" | head -n 15000\n")
+    big = json.loads(remotegpu(home_a, "submit", str(job_file), "--json").stdout)["job_id"]
+    log = Path(node.wait_state(big, {"completed", "failed"})["log_path"])
+    line = ("é" * 99 + "\n").encode()
+    assert log.read_bytes() == line * 15000
+    r = remotegpu(home_a, "logs", str(big), binary=True)
+    assert r.returncode == 0 and r.stdout == line * 15000, r.stderr
+    assert remotegpu(home_a, "logs", "--tail", "2", str(big), binary=True).stdout == line * 2
+    assert remotegpu(home_a, "logs", "--head", "1", str(big), binary=True).stdout == line
     home_b = tmp_path / f"client-{b}"
     assert jid not in [j["id"] for j in json.loads(remotegpu(home_b, "jobs", "--json").stdout)]
     assert remotegpu(home_b, "logs", str(jid)).returncode != 0

@@ -10,7 +10,6 @@ unauthenticated request can submit a job.
 
 from __future__ import annotations
 
-import base64
 import json
 
 from fastapi import FastAPI, Request
@@ -18,9 +17,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ...model import logstream
 from ...state.store import ReplicationError
 from ..cluster.errors import ClusterSetupError
+from . import logs
 from .identity import Caller, caller_from_peer
+from .logs import LogResponse
 from .service import MemberService, ServiceError
 from .tenants import TenantService
 
@@ -152,9 +154,11 @@ def add_job_routes(app: FastAPI, service: MemberService, identify) -> None:
     async def cancel(job_id: int, request: Request) -> dict:
         return await run_in_threadpool(service.cancel, await identify(request), job_id)
 
-    @app.get("/v1/jobs/{job_id}/log")
-    async def log(job_id: int, request: Request, offset: int = 0) -> dict:
-        return await run_in_threadpool(service.read_log, await identify(request), job_id, offset)
+    @app.get(logstream.LOG_STREAM_PATH, response_class=LogResponse)
+    async def log(job_id: int, request: Request, offset: int = 0, tail: int | None = None,
+                  rank: int = 0) -> LogResponse:
+        """The job's log from `offset` (or its last `tail` lines) to its size now, as raw bytes."""
+        return LogResponse(await logs.job_log(service, await identify(request), job_id, offset, tail, rank))
 
 
 def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
@@ -251,9 +255,8 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
         await verified(request)
         return await run_in_threadpool(service.nodes_view)
 
-    @app.get("/cluster/v1/jobs/{job_id}/log")
-    async def log(job_id: int, request: Request, offset: int = 0, limit: int = 1 << 20) -> dict:
+    @app.get(logstream.MEMBER_LOG_STREAM_PATH, response_class=LogResponse)
+    async def log(job_id: int, request: Request, offset: int = 0, tail: int | None = None,
+                  rank: int = 0) -> LogResponse:
         await verified(request)
-        job = service.store.machine.jobs.get(job_id)
-        data = service.local_log(job, offset, limit) if job else b""
-        return {"data": base64.b64encode(data).decode()}
+        return LogResponse(await logs.member_log(service, job_id, offset, tail, rank))

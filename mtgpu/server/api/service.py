@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fastapi.concurrency import run_in_threadpool
@@ -29,6 +29,19 @@ log = logging.getLogger(__name__)
 
 
 MAX_SCRIPT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """A job's log of one rank: on which member, at which path there (when it is this
+    member; None: there is none), and the job's state when it was asked for."""
+
+    job_id: int
+    rank: int
+    node: str
+    path: Path | None
+    final: bool
+    state: str
 
 
 class ServiceError(Exception):
@@ -195,24 +208,19 @@ class MemberService:
         self.wake()
         return {"cancelled": cancelled}
 
-    def read_log(self, caller: Caller, job_id: int, offset: int, limit: int = 1 << 20) -> dict:
+    def log_source(self, caller: Caller, job_id: int, rank: int = 0) -> LogSource:
+        """Where the caller's job's log (of one rank) is, and whether the job had ended:
+        read before the log itself, so that a final answer holds the whole log."""
         job = self._visible_job(caller, job_id)
-        offset = max(0, offset)
-        ran_here = not job.allocations or job.allocations[0].node == self.node_name
-        if not ran_here:
-            data = self.member.link.fetch_log(job.allocations[0].node, job_id, offset, limit)
-        else:
-            data = self.local_log(job, offset, limit)
-        return {"data": data.decode("utf-8", "replace"), "offset": offset + len(data),
-                "final": job.state.final, "state": job.state.value}
-
-    def local_log(self, job: Job, offset: int, limit: int = 1 << 20) -> bytes:
-        try:
-            with open(self.state_dir / job.log_path, "rb") as f:
-                f.seek(max(0, offset))
-                return f.read(limit)
-        except FileNotFoundError:
-            return b""
+        ranks = max(1, len(job.allocations))
+        if not 0 <= rank < ranks:
+            raise ServiceError(422, f"job {job_id} has no rank {rank}: it runs on {ranks} node(s), so its ranks are "
+                                    f"0-{ranks - 1}", refused=True)
+        node = job.allocations[rank].node if job.allocations else self.node_name
+        if not self.member.link.is_cluster:
+            node = self.node_name
+        return LogSource(job_id, rank, node, self.state_dir / job.rank_log_path(rank), job.state.final,
+                         job.state.value)
 
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's

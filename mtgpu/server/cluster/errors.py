@@ -4,3 +4,7 @@
 class ClusterSetupError(Exception):
     """This member cannot take part in the cluster (or cannot do what was asked); the
     message says why and what to do."""
+
+
+class LogUnavailable(Exception):
+    """The member that holds a job's log could not be asked for it; the message says why."""

@@ -21,7 +21,6 @@ body; a request more than 30 s old or wrongly signed is refused).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
@@ -30,18 +29,21 @@ import os
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import AsyncIterator, Awaitable, Callable
 
 import httpx
 
 from ...agent.local import LocalAgent
 from ...config import Config
+from ...model import logstream
 from ...model.gpu import GpuInfo, HostInfo
 from ...state import commands as C
 from ...state.raft import RaftState
 from ...state.store import ReplicationError, commit
 from .addresses import advertised, api_address, raft_address
-from .errors import ClusterSetupError
+from .errors import ClusterSetupError, LogUnavailable
 from ..member.runtime import Member
 from ..member.view import NodeTelemetry
 from .voter_keeper import VoterKeeper
@@ -53,6 +55,7 @@ SIGNATURE_MAX_AGE_S = 30.0
 REPORT_EVERY_S = 1.0
 JOIN_LOG_EVERY_S = 5.0
 RETRY_REPORT_S = 0.25
+LOG_READ_TIMEOUT_S = 30.0
 
 
 class PeerRefused(ClusterSetupError):
@@ -516,16 +519,55 @@ class ClusterLink:
         except (httpx.HTTPError, ClusterSetupError):
             return None
 
-    def fetch_log(self, node_name: str, job_id: int, offset: int, limit: int) -> bytes:
+    async def open_log(self, node_name: str, job_id: int, offset: int, tail_lines: int | None,
+                       rank: int) -> "RemoteLog":
+        """Start streaming a job's log from the member that holds it (bounded chunks, its
+        exact length announced). Raises LogUnavailable when that member cannot be asked."""
         rec = self.store.machine.nodes.get(node_name)
         if rec is None or not rec.address:
-            return b""
+            raise LogUnavailable(f"{node_name} is not a member with a known address")
+        query = f"offset={offset}&rank={rank}" + (f"&tail={tail_lines}" if tail_lines is not None else "")
+        path = logstream.MEMBER_LOG_STREAM_PATH.format(job_id=job_id) + "?" + query
+        address = advertised(rec.address)
+        client = httpx.AsyncClient(timeout=httpx.Timeout(LOG_READ_TIMEOUT_S, connect=2.0))
         try:
-            r = self.call(advertised(rec.address), "GET", f"/cluster/v1/jobs/{job_id}/log?offset={offset}&limit={limit}")
-        except (httpx.HTTPError, ClusterSetupError) as e:
-            log.warning("log of job %d from %s: %s", job_id, node_name, e)
-            return b""
-        return base64.b64decode(r["data"])
+            request = client.build_request("GET", f"http://{address}{path}",
+                                           headers=self.signer.headers("GET", path, b"", self.node_name))
+            response = await client.send(request, stream=True)
+            if response.status_code >= 400:
+                body = (await response.aread())[:300].decode("utf-8", "replace")
+                raise LogUnavailable(f"{address} answered {response.status_code} {body}")
+            start, end = int(response.headers[logstream.START]), int(response.headers[logstream.END])
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            await client.aclose()
+            raise LogUnavailable(f"{address}: {type(e).__name__}: {e}") from None
+        except BaseException:
+            await client.aclose()
+            raise
+
+        async def chunks():
+            try:
+                async for data in response.aiter_raw():
+                    yield data
+            except httpx.HTTPError as e:
+                log.warning("log of job %d from %s broke off: %s", job_id, node_name, e)
+                raise
+
+        async def close() -> None:
+            await response.aclose()
+            await client.aclose()
+
+        return RemoteLog(start, end, chunks(), close)
+
+
+@dataclass
+class RemoteLog:
+    """A log being streamed from another member: bytes [start, end) as `chunks`."""
+
+    start: int
+    end: int
+    chunks: AsyncIterator[bytes]
+    close: Callable[[], Awaitable[None]]
 
 
 def open_cluster_member(config: Config, agent: LocalAgent) -> Member:

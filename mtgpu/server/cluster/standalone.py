@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .errors import ClusterSetupError
+from .errors import ClusterSetupError, LogUnavailable
 
 
 class Link(Protocol):
@@ -37,8 +37,9 @@ class Link(Protocol):
 
     def voter_names(self) -> list[str]: ...
 
-    def fetch_log(self, node_name: str, job_id: int, offset: int, limit: int) -> bytes:
-        """Bytes of a job's log kept by another member."""
+    async def open_log(self, node_name: str, job_id: int, offset: int, tail_lines: int | None, rank: int):
+        """Start streaming a job's log kept by another member (a link.RemoteLog); raises
+        LogUnavailable when that member cannot be asked."""
         ...
 
     def handle_remove(self, name: str) -> dict: ...
@@ -75,8 +76,8 @@ class StandaloneLink:
     def voter_names(self) -> list[str]:
         return [self.node_name]
 
-    def fetch_log(self, node_name: str, job_id: int, offset: int, limit: int) -> bytes:
-        raise ClusterSetupError(f"job {job_id}'s log is kept by {node_name!r}, which is not this standalone node")
+    async def open_log(self, node_name: str, job_id: int, offset: int, tail_lines: int | None, rank: int):
+        raise LogUnavailable(f"job {job_id}'s log is kept by {node_name!r}, which is not this standalone node")
 
     def handle_remove(self, name: str) -> dict:
         raise ClusterSetupError("a standalone node has no other members to remove")

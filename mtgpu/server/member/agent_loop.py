@@ -169,7 +169,7 @@ class AgentLoop:
         launch = Launch(
             job_id=job.id, uid=job.uid, gid=job.gid, extra_gids=supplementary_groups(user, job.gid),
             home=home, workdir=job.spec.workdir or home, script=job.spec.script, env=env,
-            log_path=str(self.state_dir / _rank_log(job, rank)),
+            log_path=str(self.state_dir / job.rank_log_path(rank)),
             cpus=alloc.cpus or None, mem_bytes=alloc.mem_bytes or None,
             gpu_vendor=alloc.vendor, gpu_indices=tuple(g.index for g in alloc.gpus),
             all_gpu_indices=tuple(sorted(self.agent.gpu_indices())),
@@ -197,10 +197,6 @@ class AgentLoop:
                          "taken as the job's outcome" if r.get("taken") else "noted in its history")
             del self._unsent[job_id]
             self.agent.forget(job_id)
-
-
-def _rank_log(job: Job, rank: int) -> str:
-    return job.log_path if rank == 0 else job.log_path.replace(".log", f".rank{rank}.log")
 
 
 def _user_name(job: Job) -> str:
