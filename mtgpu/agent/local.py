@@ -160,9 +160,19 @@ class LocalAgent:
         return results
 
     def _save(self, job_id: int, state: dict) -> None:
+        """Durable before the run starts (even across a power cut): a run without its
+        record could be started a second time."""
         tmp = self._dir / f"{job_id}.json.tmp"
-        tmp.write_text(json.dumps(state))
+        with open(tmp, "w") as f:
+            f.write(json.dumps(state))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self._dir / f"{job_id}.json")
+        fd = os.open(self._dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _load(path: Path) -> dict:

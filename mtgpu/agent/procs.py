@@ -2,9 +2,10 @@
 alive, and which processes belong to a job, a tenant, a parent or a process group.
 
 A process is identified by its PID plus its start time, so a reused PID is never taken
-for the process that had it before. The job shim (stdlib only) records start times in
-clock ticks since boot, as /proc/PID/stat gives them; `ticks_to_create_time` turns them
-into psutil's create_time (seconds since the epoch, the same formula psutil uses).
+for the process that had it before. Start times are kept as seconds since boot (as the
+kernel keeps them), not since the epoch: a step of the wall clock moves psutil's
+create_time of every process, and would make a live process look like another one. The
+job shim (stdlib only) records clock ticks since boot; `ticks_to_since_boot` converts.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import Iterator
 
 import psutil
 
-# psutil.Process.create_time() is boot time + ticks / CLK_TCK; one tick apart is another process.
+# One clock tick apart is another process.
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def ticks_to_create_time(ticks: int | float) -> float:
-    """A start time in clock ticks since boot (field 22 of /proc/PID/stat), as psutil's create_time."""
-    return psutil.boot_time() + float(ticks) * _TICK_S
+def ticks_to_since_boot(ticks: int | float) -> float:
+    """A start time in clock ticks since boot (field 22 of /proc/PID/stat), in seconds."""
+    return float(ticks) * _TICK_S
 
 
 def alive(pid: int | None) -> bool:
@@ -33,20 +34,24 @@ def alive(pid: int | None) -> bool:
         return False
 
 
-def create_time(pid: int | None) -> float | None:
-    """When a live, non-zombie process started (psutil's create_time), else None."""
+def started_since_boot(pid: int | None) -> float | None:
+    """When a live, non-zombie process started, in seconds since boot; else None."""
     if not pid:
         return None
     try:
         p = psutil.Process(pid)
-        return None if p.status() == psutil.STATUS_ZOMBIE else p.create_time()
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        # psutil's create_time is boot time + start; both read now, so the difference is
+        # the kernel's start time whatever the wall clock did meanwhile.
+        return p.create_time() - psutil.boot_time()
     except psutil.Error:
         return None
 
 
 def same_process(pid: int | None, started: float | None) -> bool:
-    """The process `pid` that started at `started` (a create_time) is still running."""
-    now = create_time(pid)
+    """The process `pid` that started `started` seconds after boot is still running."""
+    now = started_since_boot(pid)
     return now is not None and started is not None and abs(now - started) < _TICK_S / 2
 
 
@@ -94,12 +99,14 @@ def pgroup_pids(pgid: int) -> set[int]:
 
 
 def find_by_cmdline(tail: list[str]) -> tuple[int, float] | None:
-    """(pid, create_time) of a live process whose command line ends with `tail`."""
+    """(pid, start in seconds since boot) of a live process whose command line ends with `tail`."""
     n = len(tail)
-    for p in _iter(["cmdline", "create_time", "status"]):
+    for p in _iter(["cmdline", "status"]):
         cmd = p.info.get("cmdline") or []
         if cmd[-n:] == tail and p.info.get("status") != psutil.STATUS_ZOMBIE:
-            return p.pid, p.info["create_time"]
+            started = started_since_boot(p.pid)
+            if started is not None:
+                return p.pid, started
     return None
 
 

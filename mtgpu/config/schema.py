@@ -341,10 +341,10 @@ class Config(BaseModel):
                     "/etc/passwd; another folder (useradd --prefix) for a container image or a test",
     )
     MEMBER_DOWN_AFTER_S: float = Field(
-        10.0, gt=0.5, le=3600, strict=False,
+        10.0, ge=3, le=3600, strict=False,
         description="(our addition) a cluster member that has not reported for this long is marked down; its jobs "
-                    "are requeued; its job supervisors stop them one second (at most half of it) sooner, counted from its "
-                    "last report the scheduler took (self-fencing)",
+                    "are requeued; its job supervisors stop them one second sooner, counted from its last report the "
+                    "scheduler took (self-fencing). At least 3: members report once a second",
     )
     JOIN_TIMEOUT_S: float = Field(
         60.0, gt=0, le=86400, strict=False,

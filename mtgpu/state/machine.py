@@ -24,6 +24,11 @@ class CommandRejected(Exception):
     """Raised inside a handler; turned into {"ok": False, "error": str(e)}."""
 
 
+def _check_reason(reason) -> None:
+    if not isinstance(reason, str):
+        raise CommandRejected(f"a reason must be text, not {type(reason).__name__}")
+
+
 @dataclass(slots=True)
 class GpuInventory:
     index: int
@@ -364,6 +369,7 @@ class StateMachine(TenantCommands):
                     reason: str = "", attempt: int | None = None, rank: int | None = None) -> dict:
         """The job (or, for a gang, one rank) ended. A gang completes when every rank
         ended with status 0, and fails as soon as one rank fails."""
+        _check_reason(reason)
         job = self._job(job_id)
         if job.state is not JobState.RUNNING:
             raise CommandRejected(f"job {job_id} is {job.state.value}, not running")
@@ -399,6 +405,7 @@ class StateMachine(TenantCommands):
     def _job_requeue(self, job_id: int, at: float, reason: str = "", attempt: int | None = None) -> dict:
         """Back to the queue as a new attempt (its member failed, or fenced it). The attempt
         is kept in the job's history, so a late report from its member can be placed."""
+        _check_reason(reason)
         job = self._job(job_id)
         if job.state is not JobState.RUNNING:
             raise CommandRejected(f"job {job_id} is {job.state.value}, not running")
@@ -424,6 +431,7 @@ class StateMachine(TenantCommands):
         The copy has not started while it is queued, and also while it is placed on the
         reporting member itself: that member's agent starts no run of a job whose earlier
         run it still holds unreported (reconcile)."""
+        _check_reason(reason)
         job = self._job(job_id)
         entry = next((h for h in job.history if h["attempt"] == attempt and node in h["nodes"]), None)
         if entry is None:

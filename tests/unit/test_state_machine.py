@@ -332,3 +332,16 @@ def test_the_scheduler_view_carries_each_tenants_share_and_decayed_usage():
     usage = build_usage(sm, now=110.0)
     assert (usage["alice"].gpu_seconds, usage["alice"].share) == (100.0, 1.0)
     assert (usage["bob"].gpu_seconds, usage["bob"].share) == (0.0, 4.0)
+
+
+def test_a_report_whose_reason_is_not_text_is_refused_not_raised():
+    sm = setup_machine()
+    jid = submit(sm, nodes=2)
+    sm.apply(C.command(C.NODE_REGISTER, name="n2", cpus=8, mem_total_bytes=64 * GiB, at=1.0, gpus=[]))
+    assert sm.apply(C.command(C.JOB_START, job_id=jid, at=3.0, attempt=0, allocations=[
+        {"node": "n1", "cpus": 0, "mem_bytes": 0, "gpus": []}, {"node": "n2", "cpus": 0, "mem_bytes": 0, "gpus": []}]))["ok"]
+    for name, extra in ((C.JOB_FINISH, {"rank": 1, "exit_code": 3}), (C.JOB_REQUEUE, {}),
+                        (C.JOB_LATE_REPORT, {"attempt": 0, "node": "n1"})):
+        r = sm.apply(C.command(name, job_id=jid, at=4.0, reason=42, **extra))
+        assert not r["ok"] and "reason must be text" in r["error"]
+    assert sm.jobs[jid].state is JobState.RUNNING

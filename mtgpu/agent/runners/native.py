@@ -33,7 +33,7 @@ STATE_VERSION = 1
 def _alive(pid: int | None, ticks: int | None) -> bool:
     """The process `pid` that the shim recorded as started at `ticks` (clock ticks since
     boot) still runs: not a reused PID, not a zombie."""
-    return ticks is not None and procs.same_process(pid, procs.ticks_to_create_time(ticks))
+    return ticks is not None and procs.same_process(pid, procs.ticks_to_since_boot(ticks))
 
 
 def _read_json(path: Path) -> dict | None:
@@ -160,7 +160,7 @@ class NativeRunner:
             os.close(shim_log)
         state = {
             "version": STATE_VERSION, "runner": "native", "job_id": job_id, "job_dir": str(job_dir),
-            "shim_pid": shim.pid, "shim_started": procs.create_time(shim.pid), "run_token": token,
+            "shim_pid": shim.pid, "shim_since_boot": procs.started_since_boot(shim.pid), "run_token": token,
             "started_at": time.time(), "cgroup_version": cg.version if cg else None,
             "cgroups": dict(cg.paths) if cg else {}, "enforced": enforced,
             "limits": {"cpus": launch.cpus, "mem_bytes": launch.mem_bytes, "pids_max": self.cgroups.pids_max if cg else None},
@@ -229,9 +229,9 @@ class NativeRunner:
     def _shim_alive(self, run: _Run) -> bool:
         if run.shim is not None:
             return run.shim.poll() is None
-        started = run.state.get("shim_started")
+        started = run.state.get("shim_since_boot")
         if started is None and run.state.get("shim_starttime") is not None:  # a record of an older version
-            started = procs.ticks_to_create_time(run.state["shim_starttime"])
+            started = procs.ticks_to_since_boot(run.state["shim_starttime"])
         return procs.same_process(run.state.get("shim_pid"), started)
 
     def poll(self, job_id: int) -> ExitInfo | None:
@@ -274,9 +274,9 @@ class NativeRunner:
         if not state.get("shim_pid"):  # the server died before it recorded the shim: look for it
             shim = procs.find_by_cmdline([SHIM_PATH, str(job_dir)])
             if shim is not None:
-                state["shim_pid"], state["shim_started"] = shim
+                state["shim_pid"], state["shim_since_boot"] = shim
         known = self._runs.get(job_id)
-        run = _Run(state, shim=known.shim if known is not None else None)
+        run = _Run(state, shim=known.shim if known is not None else None, stopped=(job_dir / "stopped").exists())
         self._runs[job_id] = run
         if state.get("cgroups"):
             self.cgroups.attach(job_id, state.get("cgroup_version") or "", state["cgroups"])
@@ -329,6 +329,10 @@ class NativeRunner:
         grace_s plus about 8 s, which only unkillable (D-state) processes can reach."""
         run = self._run(job_id)
         run.stopped = True
+        try:  # remembered on disk: after a restart, this end is still known as ours, not the job's
+            (run.job_dir / "stopped").touch()
+        except OSError:
+            pass
         job_id = run.state["job_id"]
         if grace_s > 0:
             if self._shim_alive(run):

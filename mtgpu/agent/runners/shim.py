@@ -9,10 +9,16 @@ JOB_DIR (root-owned, 0700) holds launch.json (written by the runner), `script`
 start time, to detect PID reuse on re-attach) and exit.json (written atomically when
 the job ends). The job's process waits for started.json to be on disk before it runs
 anything of the job, so a run without started.json never ran a single instruction of
-the job: after a crash, such a run can be started again without running twice. The shim ignores SIGHUP and forwards SIGTERM/SIGINT to the job's
-process group. It stays *outside* the job's cgroups: the job process joins them
-itself between fork and exec (still root, before any job code runs), so an OOM kill
-or a cgroup-wide kill takes the job and never the shim, which then records the truth.
+the job: after a crash, such a run can be started again without running twice.
+
+The shim ignores SIGHUP and forwards SIGTERM/SIGINT to the job's process group. It
+stays *outside* the job's cgroups: the job process joins them itself between fork and
+exec (still root, before any job code runs), so an OOM kill or a cgroup-wide kill takes
+the job and never the shim, which then records the truth. It is the job's subreaper:
+when the job's main process ends, what is left of the job (its cgroups, its orphans) is
+killed before the end is recorded. In a cluster it also fences the job: once the
+member's lease (server/cluster/lease.py) is older than lease_s, it kills the job, and
+keeps killing what the job forks, until it is gone.
 """
 
 import ctypes
@@ -35,6 +41,7 @@ def _starttime(pid):
 
 
 def _write_json_atomic(path, obj):
+    """Write, fsync, rename, and fsync the folder: on disk even after a power cut."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
@@ -43,6 +50,11 @@ def _write_json_atomic(path, obj):
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def _forward(signum, _frame):
@@ -126,26 +138,83 @@ def _child(spec, log_fd, script_fd, err_w, go_r):
 
 
 def _lease_age(path):
+    """Seconds since the member last knew itself in the cluster. The agent writes that
+    moment as CLOCK_MONOTONIC seconds into the file (a wall-clock step cannot stretch
+    the lease); a file without a number falls back to its modification time."""
     try:
+        with open(path, "rb") as f:
+            text = f.read(64).strip()
+        if text:
+            age = time.monotonic() - float(text)
+            return age if age > -1.0 else float("inf")  # from another boot: not this member's lease
         return time.time() - os.stat(path).st_mtime
-    except OSError:
+    except (OSError, ValueError):
         return float("inf")
 
 
-def _kill_job(pid, spec):
-    """SIGKILL the job's process group and everything in its cgroups."""
-    pids = {pid}
+def _cgroup_pids(spec):
+    pids = set()
     for procs in spec.get("cgroup_procs") or []:
         try:
             with open(procs) as f:
                 pids.update(int(x) for x in f.read().split())
         except (OSError, ValueError):
             pass
-    for send, target in [(os.killpg, pid)] + [(os.kill, p) for p in pids]:
+    return pids
+
+
+def _my_children():
+    """Processes whose parent is this shim: the job, and (as a subreaper) its orphans."""
+    me, found = os.getpid(), set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name, "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == me and fields[0] != b"Z":
+                found.add(int(name))
+    return found
+
+
+def _kill_job(pid, spec):
+    """SIGKILL the job's process group, everything in its cgroups and every child of
+    this shim (the job's orphans come to it)."""
+    targets = [(os.killpg, pid)] if pid else []
+    targets += [(os.kill, p) for p in ({pid} if pid else set()) | _cgroup_pids(spec) | _my_children()]
+    for send, target in targets:
         try:
             send(target, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _reap():
+    while True:
+        try:
+            got, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if got == 0:
+            return
+
+
+def _end_leftovers(spec, timeout_s=5.0):
+    """After the job's main process ended, nothing of the job may run on: kill what is
+    left in its cgroups and of its orphans, until none is left (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _reap()
+        left = _cgroup_pids(spec) | _my_children()
+        if not left:
+            return
+        for p in left:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
 
 
 def _wait_for(pid, spec):
@@ -165,6 +234,7 @@ def _wait_for(pid, spec):
             if not fenced and _lease_age(lease_path) > lease_s:
                 fenced = ("fenced: this node's agent lost contact with the cluster for more than %gs; "
                           "the job was stopped so it cannot run twice" % lease_s)
+            if fenced:  # again on every round: a process forked meanwhile dies too
                 _kill_job(pid, spec)
             time.sleep(0.2)
 
@@ -216,13 +286,7 @@ def main(job_dir):
     setup_error = b"".join(chunks).decode(errors="replace")
 
     status, fenced = _wait_for(pid, spec)
-    while True:  # reap orphans that were re-parented to us
-        try:
-            got, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if got == 0:
-            break
+    _end_leftovers(spec)
 
     rec = {"exit_code": None, "signal": None, "ended_at": time.time(), "reason": setup_error or fenced,
            "fenced": bool(fenced)}

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 SIGNATURE_MAX_AGE_S = 30.0
 REPORT_EVERY_S = 1.0
+MAJORITY_STALE_S = 1.5  # a scheduler that has not heard a majority for this long takes no report
 JOIN_LOG_EVERY_S = 5.0
 RETRY_REPORT_S = 0.25
 LOG_READ_TIMEOUT_S = 30.0
@@ -133,7 +134,6 @@ class ClusterLink:
         self._http = httpx.Client(timeout=httpx.Timeout(3.0, connect=1.0))
         self._stop = threading.Event()
         self._last_report_ok = 0.0     # monotonic time the last accepted report was sent
-        self._last_report_sent_at = 0.0  # the same moment, wall clock (the jobs' lease)
         self._leader_commit: int | None = None  # the scheduler's commit index in its last answer
         self._last_leader: str | None = None  # the API address of the scheduler that took the last report
         self._next_refusal_log = 0.0
@@ -376,6 +376,7 @@ class ClusterLink:
             return False
         if self.store.is_leader():
             self._no_leader_since = 0.0
+            self.renew_lease()
             return True
         leader = self.leader_api()
         if leader is None and self._last_leader is not None:
@@ -389,7 +390,7 @@ class ClusterLink:
         else:
             self._no_leader_since = 0.0
         store = self.store
-        sent, sent_wall = time.monotonic(), time.time()
+        sent = time.monotonic()
         answer = self.call(leader, "POST", "/cluster/v1/report", {
             "node": self.node_name,
             "cluster_id": self.config.CLUSTER_ID,
@@ -398,12 +399,16 @@ class ClusterLink:
             "raft": {"voter": store.is_voter(), "applied": store.applied_index(), "caught_up": store.caught_up(),
                      "generation": store.generation, "boot": store.boot},
         }, timeout_s=2.0)
-        # The lease time and the commit index before the moment that makes this member in
-        # touch: a reader that sees it in touch sees them too.
-        self._last_report_sent_at, self._last_leader = sent_wall, leader
+        # The lease and the commit index before the moment that makes this member in
+        # touch: a reader that sees it in touch sees them too (lease.py says why sent - age).
+        age = answer.get("majority_age_s")
+        if self.member.lease is not None and isinstance(age, (int, float)) and age >= 0:
+            self.member.lease.renew(sent - age)
+        self._last_leader = leader
         if isinstance(answer.get("commit"), int):
             self._leader_commit = answer["commit"]
-        self._last_report_ok = sent
+        if isinstance(age, (int, float)) and age >= 0:
+            self._last_report_ok = sent
         self._check_counted(answer.get("voters"))
         return True
 
@@ -455,31 +460,32 @@ class ClusterLink:
         self.check_cluster_id(str(payload.get("node")), payload.get("cluster_id"))
         tel = NodeTelemetry(gpus=[GpuInfo.from_dict(g) for g in payload.get("gpus", [])],
                             host=HostInfo.from_dict(payload["host"]) if payload.get("host") else None,
-                            reported_at=self.member.clock())
+                            reported_at=self.member.clock(), heard_mono=time.monotonic())
         self.member.scheduler.report(payload["node"], tel)
         if not self.store.is_leader():
             # A member that still takes us for the scheduler must not count itself in touch.
             raise ReplicationError("this member does not schedule (any more); ask the cluster who does")
+        age = self.store.majority_heard_age_s()
+        if age > MAJORITY_STALE_S:
+            raise ReplicationError(f"this scheduler has not heard a majority of the voters for {age:.1f}s")
         self.keeper.on_report(payload["node"], payload.get("raft"))
         self.member.wake()
         return {"ok": True, "voters": self.store.voters(), "term": self.store.term(),
-                "commit": self.store.commit_index()}
+                "commit": self.store.commit_index(), "majority_age_s": age}
 
     def in_touch(self) -> bool:
-        """Whether this member may keep its jobs running: it leads with a quorum, or
-        the scheduler took one of its reports recently."""
+        """Whether this member hears the cluster: it leads with a quorum, or the
+        scheduler took one of its reports recently. (The jobs' lease is what keeps them
+        running: see lease.py.)"""
         if self.store.is_leader():
             return True
         return time.monotonic() - self._last_report_ok < 3 * REPORT_EVERY_S
 
-    def lease_time(self) -> float | None:
-        """The moment this member last knew itself in the cluster (wall clock), for the
-        jobs' lease: while it leads, when a majority of the voters last answered it;
-        else when it sent the last report the scheduler took. The scheduler counts silence from when it received that
-        report, which is later, so a job's lease lapses before its member is marked down."""
-        if self.store.is_leader():
-            return time.time() - self.store.majority_heard_age_s()
-        return self._last_report_sent_at if self.in_touch() else None
+    def renew_lease(self) -> None:
+        """The scheduler's member renews its jobs' lease from its last word with a
+        majority; the others renew it when a report is taken (report_once)."""
+        if self.member.lease is not None and self.store.is_leader():
+            self.member.lease.renew(time.monotonic() - self.store.majority_heard_age_s())
 
     def in_sync(self) -> bool:
         """Whether this member reads the cluster's current state, so that its agent may
@@ -494,7 +500,6 @@ class ClusterLink:
             return False
         return self.store.applied_index() >= self._leader_commit
 
-    # ------------------------------------------------------------ the scheduler's duties
     # ------------------------------------------------------------ reads from other members
     def pending_reasons(self) -> dict[int, str]:
         at, cached = self._pending_cache

@@ -23,8 +23,8 @@ class Link(Protocol):
         start and stop jobs)."""
         ...
 
-    def lease_time(self) -> float | None:
-        """When this member last knew itself in the cluster (the jobs' lease), or None."""
+    def renew_lease(self) -> None:
+        """Renew the jobs' lease where this member's own standing allows it (cluster.lease)."""
         ...
 
     def pending_reasons(self) -> dict[int, str]:
@@ -64,8 +64,8 @@ class StandaloneLink:
     def in_sync(self) -> bool:
         return True  # its journal is the state
 
-    def lease_time(self) -> float | None:
-        return None  # no lease: nobody else could run its jobs
+    def renew_lease(self) -> None:
+        pass  # no lease: nobody else could run its jobs
 
     def pending_reasons(self) -> dict[int, str]:
         return {}  # it is the scheduler: its own reasons are read directly

@@ -49,6 +49,7 @@ class AgentLoop:
         self.advertise_host = advertise_host
         self.lease = lease
         self._unsent: dict[int, _Unsent] = {}
+        self._refused: set[tuple[int, int]] = set()  # (job, attempt) whose end report was refused
         self._next_log_sweep = 0.0
         self._jobs_known = 0
         self._node_vendors: set[str] = set()
@@ -78,6 +79,9 @@ class AgentLoop:
         runs = self.agent.runs()
         with self.store.lock:
             machine = self.store.machine
+            me = machine.nodes.get(self.node_name)
+            if me is not None and me.down:
+                in_sync = False  # its jobs are being requeued: wait until the scheduler hears it again
             placed = [p for job in machine.running_jobs() if (p := self._placed(job)) is not None]
             late_wanted = set()
             for job_id, run in runs.items():
@@ -85,7 +89,8 @@ class AgentLoop:
                 if job is not None and any(h["attempt"] == run.attempt and self.node_name in h["nodes"]
                                            and "late" not in h for h in job.history):
                     late_wanted.add((job_id, run.attempt))
-        for action in reconcile(placed, runs, set(self._unsent), late_wanted, in_sync, now, self.node_name):
+        for action in reconcile(placed, runs, set(self._unsent), late_wanted, in_sync, now, self.node_name,
+                                frozenset(self._refused)):
             self._apply_action(action, runs)
         self._send_reports()
         jobs_known = len(self.store.machine.jobs)
@@ -126,7 +131,7 @@ class AgentLoop:
             self._unsent[action.job_id] = _Unsent(C.JOB_LATE_REPORT, {"job_id": action.job_id, "attempt": action.attempt,
                                                                        "node": self.node_name, **args})
         elif isinstance(action, Forget):
-            self.agent.forget(action.job_id)
+            self._forget(action.job_id)
 
     def sweep_logs(self) -> int:
         """Delete the log files of jobs the state forgot (JOB_RETENTION_DAYS); returns how many."""
@@ -173,7 +178,7 @@ class AgentLoop:
             cpus=alloc.cpus or None, mem_bytes=alloc.mem_bytes or None,
             gpu_vendor=alloc.vendor, gpu_indices=tuple(g.index for g in alloc.gpus),
             all_gpu_indices=tuple(sorted(self.agent.gpu_indices())),
-            lease_path=self.lease.path if self.lease else None,
+            lease_path=str(self.lease.path) if self.lease else None,
             lease_s=self.lease.timeout_s if self.lease else None,
         )
         try:
@@ -192,11 +197,24 @@ class AgentLoop:
             r = try_commit(self.store, rep.command, at=self.clock(), **rep.args)
             if r is None:
                 continue  # not committed now; try again next pass
-            if rep.command == C.JOB_LATE_REPORT and r["ok"]:
-                log.info("job %d: the late report of attempt %s was %s", job_id, rep.args["attempt"],
-                         "taken as the job's outcome" if r.get("taken") else "noted in its history")
             del self._unsent[job_id]
-            self.agent.forget(job_id)
+            if rep.command == C.JOB_LATE_REPORT:
+                if r["ok"]:
+                    log.info("job %d: the late report of attempt %s was %s", job_id, rep.args["attempt"],
+                             "taken as the job's outcome" if r.get("taken") else "noted in its history")
+                self._forget(job_id)
+            elif r["ok"]:
+                self._forget(job_id)
+            else:
+                # The cluster moved on (the attempt was requeued, the job cancelled...): keep
+                # the run, so the next decision can report it late or let it go.
+                log.info("job %d: its end report was refused (%s); the run is kept for the next pass", job_id,
+                         r["error"])
+                self._refused.add((job_id, rep.args["attempt"]))
+
+    def _forget(self, job_id: int) -> None:
+        self._refused = {r for r in self._refused if r[0] != job_id}
+        self.agent.forget(job_id)
 
 
 def _user_name(job: Job) -> str:

@@ -17,11 +17,13 @@ Rules, per job:
   notes that the job also ran here), else forget it;
 - a rank placed here with no run: start it (a gang's other ranks wait for rank 0 to
   publish the rendezvous port).
-Starting, stopping and late reports need `in_sync`: the state this member reads is
-the cluster's current one (standalone: always; a cluster member: its replica has
-applied what the scheduler had committed when it last answered this member), so a
-member back from a crash never acts on a stale plan. Reports of the placed attempt are
-checked against the attempt by the state machine and need no such care.
+Nothing is decided unless `in_sync`: the state this member reads is the cluster's
+current one (standalone: always; a cluster member: its replica has applied what the
+scheduler had committed when it last answered this member, and the state does not mark
+this member down), so a member back from a crash or a partition never acts on a stale
+plan: it neither starts what moved nor reports the end of an attempt the cluster has
+requeued as if it were still placed (it reports it late instead). An end report the
+state machine refused leaves its run for the next decision (`refused`).
 """
 
 from __future__ import annotations
@@ -106,11 +108,14 @@ def end_report(p: PlacedRank, ended: ExitInfo, node: str) -> Report:
 
 
 def reconcile(placed: list[PlacedRank], runs: dict[int, LocalRun], unsent: set[int], late_wanted: set[tuple[int, int]],
-              in_sync: bool, now: float, node: str) -> list[Action]:
+              in_sync: bool, now: float, node: str, refused: frozenset[tuple[int, int]] = frozenset()) -> list[Action]:
     """The actions that bring this member in line with the state (see the module's docstring).
 
     `unsent`: jobs whose end report waits to be committed (left alone meanwhile);
-    `late_wanted`: (job, attempt) pairs requeued off this member with no late report yet."""
+    `late_wanted`: (job, attempt) pairs requeued off this member with no late report yet;
+    `refused`: (job, attempt) pairs whose end report the state machine refused."""
+    if not in_sync:
+        return []
     actions: list[Action] = []
     by_job = {p.job_id: p for p in placed}
     for job_id, run in sorted(runs.items()):
@@ -118,6 +123,8 @@ def reconcile(placed: list[PlacedRank], runs: dict[int, LocalRun], unsent: set[i
             continue
         p = by_job.get(job_id)
         if p is not None and p.attempt == run.attempt:
+            if (job_id, run.attempt) in refused:
+                continue
             if run.ended is not None:
                 actions.append(end_report(p, run.ended, node))
             elif p.time_limit_s and p.started_at is not None and now - p.started_at > p.time_limit_s:
@@ -126,19 +133,16 @@ def reconcile(placed: list[PlacedRank], runs: dict[int, LocalRun], unsent: set[i
                     "state": "failed", "reason": f"time limit {format_duration(p.time_limit_s)} reached; "
                                                  "the job was stopped"}))
             continue
-        if not in_sync:
-            continue
         if run.ended is None:
             actions.append(Stop(job_id, f"attempt {run.attempt} is no longer placed here"))
         elif (job_id, run.attempt) in late_wanted and run.ended.natural:
             actions.append(LateReport(job_id, run.attempt, run.ended))
         else:
             actions.append(Forget(job_id))
-    if in_sync:
-        for p in placed:
-            if p.job_id in runs or p.job_id in unsent or p.rank_done:
-                continue
-            if p.ranks > 1 and p.master_port is None and p.rank != 0:
-                continue  # rank 0 publishes the rendezvous port first
-            actions.append(Start(p))
+    for p in placed:
+        if p.job_id in runs or p.job_id in unsent or p.rank_done:
+            continue
+        if p.ranks > 1 and p.master_port is None and p.rank != 0:
+            continue  # rank 0 publishes the rendezvous port first
+        actions.append(Start(p))
     return actions

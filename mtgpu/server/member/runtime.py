@@ -9,7 +9,6 @@ Raft leader with a quorum is; every member runs its agent.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from ...agent.local import LocalAgent
 from ...config import Config
 from ...state import commands as C
 from ...state.store import Store, try_commit
+from ..cluster.lease import Lease, lease_s
 from ..cluster.standalone import Link, StandaloneLink
 from ...storage.shared import interpreter_publish_root, publish_read_only
 from .accounts_agent import AccountsAgent
@@ -29,33 +29,6 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.2
 TELEMETRY_EVERY_S = 1.0
-
-
-def lease_s(down_after_s: float) -> float:
-    """How long a job may run on after its member last sent a report the scheduler
-    took: less than the silence after which the scheduler marks the member down (and
-    requeues the job). The scheduler counts that silence from when it received the
-    report, which is later, so this one second (at most half) is margin enough for the
-    supervisor's 0.2 s check and the kill, and the copy cannot start before the
-    requeue is committed, placed and started."""
-    return down_after_s - min(1.0, down_after_s / 2)
-
-
-class Lease:
-    """A file whose modification time says when this member last knew itself in the
-    cluster; job shims kill their jobs when it grows older than timeout_s (self-fencing).
-    A new lease is already lapsed: jobs start only once the member is in touch, and a
-    restart does not extend the lease of the jobs it re-attaches."""
-
-    def __init__(self, path: Path, timeout_s: float) -> None:
-        self.path = str(path)
-        self.timeout_s = timeout_s
-        if not Path(path).exists():
-            Path(path).touch()
-            os.utime(self.path, (0, 0))
-
-    def renew(self, at: float) -> None:
-        os.utime(self.path, (at, at))
 
 
 class Member:
@@ -151,14 +124,11 @@ class Member:
         elif self.scheduler.epoch is not None:
             log.info("%s no longer schedules", self.node_name)
             self.scheduler.step_down()
-        # In sync first, then the lease: a member found in sync has a report taken, so the
-        # lease it renews next covers every job the agent starts in this pass (the other
-        # order could start a job on a lease still lapsed, and the shim would kill it).
+        # In sync first, then the lease: a member found in sync has had a report taken
+        # (which renewed the lease), and the scheduler renews its own here, so every job
+        # the agent starts in this pass starts on a live lease.
         in_sync = self.link.in_sync()
-        if self.lease is not None:
-            at = self.link.lease_time()
-            if at is not None:
-                self.lease.renew(at)
+        self.link.renew_lease()
         tel = self.local_telemetry
         self.agent_loop.run_once({g.vendor for g in tel.gpus} if tel else set(), in_sync)
         self.accounts.run_once()
@@ -168,7 +138,7 @@ class Member:
         if not force and now - self._last_telemetry < TELEMETRY_EVERY_S:
             return
         gpus, host = self.agent.sample()
-        self.local_telemetry = NodeTelemetry(gpus=gpus, host=host, reported_at=now)
+        self.local_telemetry = NodeTelemetry(gpus=gpus, host=host, reported_at=now, heard_mono=time.monotonic())
         self.scheduler.report(self.node_name, self.local_telemetry)
         self._last_telemetry = now
         self._register()

@@ -11,7 +11,9 @@ epoch and re-checked by the state machine against the state it is applied to.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ...model.job import JobState
 from ...sched import schedule
@@ -33,6 +35,9 @@ class SchedulerRole:
     pending_reasons: dict[int, str] = field(default_factory=dict)
     epoch: int | None = None  # None: not (yet) the scheduler
     leader_since: float = 0.0
+    # Silence is measured on the monotonic clock, which a step of the wall clock cannot move.
+    monotonic: Callable[[], float] = time.monotonic
+    leader_since_mono: float = 0.0
     placements: int = 0
     last_placement_at: float = 0.0
     _usage: dict = field(default_factory=dict)
@@ -73,6 +78,7 @@ class SchedulerRole:
             return False
         self.epoch = term
         self.leader_since = now
+        self.leader_since_mono = self.monotonic()
         log.info("%s schedules now (epoch %d)", self.node_name, term)
         return True
 
@@ -83,14 +89,14 @@ class SchedulerRole:
             if node.name == self.node_name:
                 continue
             tel = self.telemetry.get(node.name)
-            last = tel.reported_at if tel else 0.0
-            silent_s = now - max(last, self.leader_since)
+            mono = self.monotonic()
+            silent_s = mono - max(tel.heard_mono if tel else 0.0, self.leader_since_mono)
             if not node.down and silent_s > self.down_after_s:
                 reason = f"no report for {silent_s:.0f}s"
                 log.warning("member %s is down: %s", node.name, reason)
                 if try_commit(self.store, C.NODE_DOWN, name=node.name, reason=reason, at=now) is not None:
                     self._evict(node.name, reason, now)
-            elif node.down and tel is not None and now - tel.reported_at < self.down_after_s / 2:
+            elif node.down and tel is not None and mono - tel.heard_mono < self.down_after_s / 2:
                 log.info("member %s reports again", node.name)
                 try_commit(self.store, C.NODE_UP, name=node.name, at=now)
             if node.down:

@@ -19,7 +19,8 @@ class NodeTelemetry:
 
     gpus: list[GpuInfo] = field(default_factory=list)
     host: HostInfo | None = None
-    reported_at: float = 0.0
+    reported_at: float = 0.0  # wall clock, for people
+    heard_mono: float = 0.0  # when the scheduler got it, on its monotonic clock (silence is measured with it)
 
 
 def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry]) -> ClusterSnapshot:

@@ -16,8 +16,8 @@ def run(job_id=1, attempt=0, ended=None) -> dict[int, LocalRun]:
     return {job_id: LocalRun(job_id, attempt, ended)}
 
 
-def decide(p=(), runs=None, unsent=(), late=(), in_sync=True, now=NOW):
-    return reconcile(list(p), runs or {}, set(unsent), set(late), in_sync, now, "m0")
+def decide(p=(), runs=None, unsent=(), late=(), in_sync=True, now=NOW, refused=()):
+    return reconcile(list(p), runs or {}, set(unsent), set(late), in_sync, now, "m0", frozenset(refused))
 
 
 EXIT0 = ExitInfo(0, None, "exited with code 0")
@@ -44,10 +44,21 @@ def test_a_gang_rank_that_already_ended_well_is_not_started_again():
     assert decide([placed(rank=1, ranks=2, master_port=1, rank_done=True)]) == []
 
 
-def test_an_ended_run_of_the_placed_attempt_is_reported_even_when_out_of_sync():
-    for in_sync in (True, False):
-        assert decide([placed()], run(ended=EXIT0), in_sync=in_sync) == [
-            Report(1, 0, 0, "finish", {"exit_code": 0, "reason": ""})]
+def test_an_ended_run_of_the_placed_attempt_is_reported():
+    assert decide([placed()], run(ended=EXIT0)) == [Report(1, 0, 0, "finish", {"exit_code": 0, "reason": ""})]
+
+
+def test_nothing_is_decided_out_of_sync_not_even_an_end_report():
+    """A stale replica may still place an attempt the cluster requeued: reporting its end
+    as that attempt's would be refused, and the run must be reported late instead."""
+    assert decide([placed()], run(ended=EXIT0), in_sync=False) == []
+    assert decide([placed(started_at=NOW - 61, time_limit_s=60)], run(), in_sync=False) == []
+
+
+def test_a_refused_end_report_is_not_sent_again_and_the_run_is_kept():
+    assert decide([placed()], run(ended=EXIT0), refused=[(1, 0)]) == []
+    # once the state shows the attempt requeued off this member, it is reported late
+    assert decide([], run(ended=EXIT0), late=[(1, 0)], refused=[(1, 0)]) == [LateReport(1, 0, EXIT0)]
 
 
 def test_a_failed_exit_is_reported_with_its_reason():
