@@ -111,13 +111,17 @@ class Fleet:
             self._match_cache[key] = m
         return m
 
+    def match_slots(self, vendor: str | None, model: str | None) -> np.ndarray:
+        """Per node and GPU slot: is the GPU of that kind? (a few arrays: one per kind asked)"""
+        key = (vendor, model)
+        slots = self._match_slots.get(key)
+        if slots is None:
+            slots = self._match_slots[key] = self.kind_match(vendor, model)[self.gmodel]
+        return slots
+
     def gpu_ok(self, req: RankRequest, rows: np.ndarray | slice) -> np.ndarray:
         """Per GPU slot of `rows`: can it take one GPU of `req` now? (exactly GpuState.admits)"""
-        key = (req.vendor, req.model)
-        slots = self._match_slots.get(key)
-        if slots is None:  # per node and GPU slot, for each (vendor, model) asked: a few arrays
-            slots = self._match_slots[key] = self.kind_match(req.vendor, req.model)[self.gmodel]
-        match = slots[rows]
+        match = self.match_slots(req.vendor, req.model)[rows]
         mode = req.mode
         v = req.vram_bytes
         if mode == GpuMode.EXCLUSIVE or (mode == GpuMode.SHARED and req.fraction >= 1.0 and v is None):
