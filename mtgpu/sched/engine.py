@@ -334,7 +334,7 @@ class Scheduler:
                 return None  # holds refuse the rest (a gang), or the arrays and NodeState disagree
             if len(ties) > 1 and not req.gpu_count:
                 # a CPU-only job: among equals, the node with the least GPU share left
-                free = self.fleet.left[ties].sum(axis=1)
+                free = self.fleet.left_sum[ties]
                 ties = ties[free <= free.min() + TIE_EPS]
             row = int(ties[(job_id * _HASH) % len(ties)]) if len(ties) > 1 else int(ties[0])
             alloc = self._alloc_on(row, req, int(gpu_choice[row]))

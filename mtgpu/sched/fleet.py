@@ -38,6 +38,7 @@ class Fleet:
         self.idle = np.zeros((n, g), dtype=bool)
         self.open = np.zeros((n, g), dtype=bool)  # present and not held exclusively
         self.left = np.zeros((n, g), dtype=np.float64)  # share left for shared jobs (0 if exclusive)
+        self.left_sum = np.zeros(n, dtype=np.float64)  # per node, summed as left[rows].sum(axis=1) would
         self.shared_free = np.zeros((n, g), dtype=np.int64)
         self.meas_free = np.zeros((n, g), dtype=np.int64)
         self.load = np.zeros((n, g), dtype=np.float64)  # for oversubscribe: utilization + used share
@@ -79,6 +80,7 @@ class Fleet:
             self.shared_free[i, j] = x.shared_free
             self.meas_free[i, j] = x.measured_free
             self.load[i, j] = x.util / 100.0 + (x.used / x.total if x.total else 0.0) + 0.01 * x.over
+        self.left_sum[i] = self.left[i:i + 1].sum(axis=1)[0]
         self.cpus_free[i] = s.cpus_free
         self.mem_usable[i] = s.mem_usable
         self.schedulable[i] = s.schedulable
