@@ -291,9 +291,8 @@ class Scheduler:
              holds: JobHolds | None) -> tuple[np.ndarray, float, np.ndarray | None]:
         """The best score among the nodes the holds let this rank use, and those nodes;
         `cand` is copied before a refused node is marked in it."""
-        if checks is not None:
-            gpu_choice = self._scores[req].gpu
-            own = False
+        gpu_choice = self._scores[req].gpu
+        own = False
         while True:
             best = float(cand.max()) if cand.size else NEG
             if best == NEG:

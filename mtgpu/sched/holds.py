@@ -12,7 +12,7 @@ node and resource). A later job J may use those nodes as long as B keeps its roo
   for, and must leave B's `cpus=` and `mem=` free now (later releases only add to that).
 
 Each blocked job's hold is checked on its own, as each reservation is computed on its own.
-docs/SCHEDULING.md "Backfill" states the rule for users.
+docs/SCHEDULING.md "Backfill and holds" states the rule for users.
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ class Holds:
         self.any_cpus = self.any_mem = self.any_slots = False
         self._unknown_seen: set[tuple] = set()
         self.at_start_version = 0  # changes whenever a reservation's node at its start changes
-        self._slots_version = 0
-        self._overlap: dict[tuple, tuple[int, np.ndarray | None, np.ndarray | None]] = {}
+        self._unknown_version = 0  # changes whenever cpus, mem or slots change
+        self._refused: dict[tuple, list] = {}
+        self._overlap: dict[tuple, list] = {}  # (vendor, model) -> [all held, partly held, any, any]
         self._views: dict[float, JobHolds | None] = {}
 
     def _new_holder(self, job_id: int, reqs: list[RankRequest]) -> int:
@@ -114,19 +115,24 @@ class Holds:
         cpus, mem = reqs[0].cpus, reqs[0].mem_bytes  # the same for every alternative
         if cpus > 0:
             up = rows & (self.cpus < cpus)
-            self.cpus[up] = cpus
-            self.cpus_by[up] = seq
-            self.any_cpus = True
+            if up.any():
+                self.cpus[up] = cpus
+                self.cpus_by[up] = seq
+                self.any_cpus = True
+                self._unknown_version += 1
         if mem > 0:
             up = rows & (self.mem < mem)
-            self.mem[up] = mem
-            self.mem_by[up] = seq
-            self.any_mem = True
+            if up.any():
+                self.mem[up] = mem
+                self.mem_by[up] = seq
+                self.any_mem = True
+                self._unknown_version += 1
         f = self.fleet
         for r in reqs:
             if not r.gpu_count:
                 continue
-            usable = f.match_slots(r.vendor, r.model) & (rows & f.able(r))[:, None]
+            able = rows if len(reqs) == 1 else rows & f.able(r)  # `rows` are where one of them could run
+            usable = f.match_slots(r.vendor, r.model) & able[:, None]
             if r.vram_bytes is not None:
                 usable = usable & (f.vram_total >= r.vram_bytes)
             new = usable & ~self.slots
@@ -134,7 +140,11 @@ class Holds:
                 self.slots |= new
                 self.slots_by[new] = seq
                 self.any_slots = True
-                self._slots_version += 1
+                self._unknown_version += 1
+                changed = np.flatnonzero(new.any(axis=1))
+                for (vendor, model), c in self._overlap.items():
+                    c[0][changed], c[1][changed] = self._overlap_on(vendor, model, changed)
+                    c[2], c[3] = bool(c[0].any()), bool(c[1].any())
         self._views.clear()
 
     def reserve(self, job_id: int, res: Reservation, reqs: list[RankRequest]) -> None:
@@ -172,19 +182,58 @@ class Holds:
         self._views[ends] = view
         return view
 
-    def gpu_overlap(self, req: RankRequest) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """Per node, for a job asking GPUs of `req`'s kind: every such GPU there is held
-        (refused), or only some are (its allocation decides); None where no node is so."""
-        key = (req.vendor, req.model)
-        c = self._overlap.get(key)
-        if c is None or c[0] != self._slots_version:
-            mine = self.fleet.match_slots(req.vendor, req.model)
-            some = (mine & self.slots).any(axis=1)
-            all_held = some & ~(mine & ~self.slots).any(axis=1)
-            partly = some & ~all_held
-            c = self._overlap[key] = (self._slots_version, all_held if all_held.any() else None,
-                                      partly if partly.any() else None)
-        return c[1], c[2]
+    def gpu_overlap(self, vendor: str | None, model: str | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per node, for a job asking GPUs of this kind: every such GPU there is held
+        (refused), or only some are (its allocation decides); None where no node is so.
+        Kept per kind, and updated on the nodes where a hold adds GPUs."""
+        c = self._overlap.get((vendor, model))
+        if c is None:
+            all_held, partly = self._overlap_on(vendor, model, slice(None))
+            c = self._overlap[(vendor, model)] = [all_held, partly, bool(all_held.any()), bool(partly.any())]
+        return (c[0] if c[2] else None), (c[1] if c[3] else None)
+
+    def _overlap_on(self, vendor: str | None, model: str | None,
+                    rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
+        mine = self.fleet.match_slots(vendor, model)[rows]
+        held = self.slots[rows]
+        some = (mine & held).any(axis=1)
+        all_held = some & ~(mine & ~held).any(axis=1)
+        return all_held, some & ~all_held
+
+    def unknown_refused(self, req: RankRequest) -> np.ndarray | None:
+        """Per node: do the holds of unknown start refuse one rank of `req` there (read only
+        where it fits)? None: nowhere. Kept per kind of request and updated, like scores,
+        only on the nodes placements changed since, until a hold changes."""
+        cpus = req.cpus if self.any_cpus and req.cpus > 0 else 0.0
+        mem = req.mem_bytes if self.any_mem and req.mem_bytes > 0 else 0
+        gpus = (req.vendor, req.model) if self.any_slots and req.gpu_count else None
+        if not cpus and not mem and gpus is None:
+            return None
+        key = (cpus, mem, gpus)
+        log = self.fleet.log
+        c = self._refused.get(key)
+        if c is None or c[0] != self._unknown_version:
+            mask = self._refused_on(cpus, mem, gpus, slice(None))
+            c = self._refused[key] = [self._unknown_version, len(log), mask, bool(mask.any())]
+        elif c[1] < len(log):
+            changed = log[c[1]:]
+            rows = np.fromiter(set(changed), dtype=np.int64) if len(changed) > 1 else np.array(changed)
+            c[2][rows] = self._refused_on(cpus, mem, gpus, rows)
+            c[1] = len(log)
+            c[3] = bool(c[2].any())
+        return c[2] if c[3] else None
+
+    def _refused_on(self, cpus: float, mem: int, gpus: tuple | None, rows: np.ndarray | slice) -> np.ndarray:
+        # Unheld nodes hold 0, so these refuse them only where the request does not fit anyway.
+        f = self.fleet
+        bad = f.cpus_free[rows] - self.cpus[rows] < cpus - EPS if cpus else np.zeros(f.n, dtype=bool)[rows]
+        if mem:
+            bad |= f.mem_usable[rows] - self.mem[rows] < mem
+        if gpus is not None:
+            all_held = self.gpu_overlap(*gpus)[0]
+            if all_held is not None:
+                bad |= all_held[rows]
+        return bad
 
     def holds_gpu(self, row: int, alloc: NodeAllocation) -> bool:
         """Does `alloc` take a GPU on `row` that a job with an unknown start holds?"""
@@ -208,57 +257,47 @@ class JobHolds:
         if by_row:
             self.check_rows = np.zeros(holds.fleet.n, dtype=bool)
             self.check_rows[list(by_row)] = True
-        self._room: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._room: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def _reserved_room(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per node: the CPUs and memory a job may take there and leave every binding
-        reservation its cpus= and mem= at its start (inf where none holds any)."""
+    def _reserved_room(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The reserved nodes, and on each the CPUs and memory a job may take there and leave
+        every binding reservation its cpus= and mem= at its start (inf: none asked)."""
         version = self.holds.at_start_version
         if self._room is None or self._room[0] != version:
-            n = self.holds.fleet.n
-            cpus, mem = np.full(n, np.inf), np.full(n, np.inf)
-            for row, reservations in self.by_row.items():
-                for res in reservations:
+            rows = np.array(list(self.by_row), dtype=np.int64)
+            cpus, mem = np.full(len(rows), np.inf), np.full(len(rows), np.inf)
+            for i, row in enumerate(rows.tolist()):
+                for res in self.by_row[row]:
                     node = res.at_start[row]
                     if res.req.cpus > 0:
-                        cpus[row] = min(cpus[row], node.cpus_free - res.req.cpus)
+                        cpus[i] = min(cpus[i], node.cpus_free - res.req.cpus)
                     if res.req.mem_bytes > 0:
-                        mem[row] = min(mem[row], node.mem_usable - res.req.mem_bytes)
-            self._room = (version, cpus, mem)
-        return self._room[1], self._room[2]
+                        mem[i] = min(mem[i], node.mem_usable - res.req.mem_bytes)
+            self._room = (version, rows, cpus, mem)
+        return self._room[1], self._room[2], self._room[3]
 
     def refuse(self, req: RankRequest, score: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """`score` with the nodes the holds refuse to one rank of `req` set to -inf, and the
         nodes where only the allocation there can tell (`allows`; None: no such node)."""
         h = self.holds
-        f = h.fleet
-        unknown_cpus = h.any_cpus and req.cpus > 0
-        unknown_mem = h.any_mem and req.mem_bytes > 0
-        all_held = checks = None
+        checks = None
         if req.gpu_count:
             if h.any_slots:
-                all_held, checks = h.gpu_overlap(req)
+                checks = h.gpu_overlap(req.vendor, req.model)[1]
             if self.check_rows is not None:  # what it takes of GPUs there depends on its allocation
                 checks = self.check_rows if checks is None else checks | self.check_rows
-        reserved = bool(self.by_row) and (req.cpus > 0 or req.mem_bytes > 0)
-        if not (unknown_cpus or unknown_mem or all_held is not None or reserved):
-            return score, checks
-        rows = np.flatnonzero(score > NEG)  # judged only where it fits: often few of many nodes
-        if not len(rows):
-            return score, checks
         # Unknown starts: B's cpus= and mem= stay free now; no GPU of B's kinds is taken.
-        bad = f.cpus_free[rows] - h.cpus[rows] < req.cpus - EPS if unknown_cpus else np.zeros(len(rows), dtype=bool)
-        if unknown_mem:
-            bad |= f.mem_usable[rows] - h.mem[rows] < req.mem_bytes
-        if all_held is not None:
-            bad |= all_held[rows]
+        bad = h.unknown_refused(req)
+        if bad is not None:
+            score = np.where(bad, NEG, score)
         # Reserved starts: CPUs and memory are counts, so they are judged here; GPUs by `allows`.
-        if reserved:
-            cpus, mem = self._reserved_room()
-            bad |= (req.cpus > cpus[rows] + EPS) | (req.mem_bytes > mem[rows])
-        if bad.any():
-            score = score.copy()
-            score[rows[bad]] = NEG
+        if self.by_row and (req.cpus > 0 or req.mem_bytes > 0):
+            rows, cpus, mem = self._reserved_room()
+            out = rows[(req.cpus > cpus + EPS) | (req.mem_bytes > mem)]
+            if len(out):
+                if bad is None:
+                    score = score.copy()
+                score[out] = NEG
         return score, checks
 
     def allows(self, row: int, alloc: NodeAllocation | None) -> bool:
