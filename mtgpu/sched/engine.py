@@ -20,6 +20,8 @@ from mtgpu.model.job import GpuMode, JobSpec, NodeAllocation
 
 from .fleet import Fleet
 from .frag import FragModel, shapes_from_queue
+from .holds import CPUS, MEMORY, Holds, JobHolds, Reservation
+from .nodefit import NodeState
 from .order import QueueOrder
 from .reasons import join_node_reasons
 from .request import RankRequest, rank_requests
@@ -240,10 +242,10 @@ class Scheduler:
 
     # ---- placing ---------------------------------------------------------------
 
-    def place(self, spec: JobSpec, job_id: int = 0, forbid: np.ndarray | None = None) -> tuple[NodeAllocation, ...] | None:
+    def place(self, spec: JobSpec, job_id: int = 0, holds: JobHolds | None = None) -> tuple[NodeAllocation, ...] | None:
         """Place every rank of one job now and commit it to the working copy, or None.
 
-        `forbid` marks nodes this job may not use (held for a blocked job ahead of it).
+        `holds`: what blocked jobs ahead of this one keep back (holds.py); None: nothing.
         `|`-alternatives are equals: a one-node job goes where any of them packs best
         (the earlier alternative on a tie); a gang takes the first alternative all of
         whose ranks fit."""
@@ -251,24 +253,29 @@ class Scheduler:
         if len(reqs) > 1 and spec.nodes == 1:
             ranked = []
             for i, req in enumerate(reqs):
-                best = float(self._candidates(spec, req, forbid).max())
+                cand, checks = self._candidates(spec, req, holds)
+                best = self._top(cand, checks, req, holds)[1]
                 if best > NEG:
                     ranked.append((-best, i, req))
             ranked.sort(key=lambda x: (x[0], x[1]))
             reqs = [r for _, _, r in ranked]
         for req in reqs:
-            allocs = self._place_ranks(spec, req, job_id, forbid)
+            allocs = self._place_ranks(spec, req, job_id, holds)
             if allocs is not None:
                 return allocs
         return None
 
-    def fits_now(self, spec: JobSpec, forbid: np.ndarray | None = None) -> bool:
+    def fits_now(self, spec: JobSpec) -> bool:
+        """Would it fit now if nothing were held?"""
         for req in self.requests(spec):
-            if int(self._candidates(spec, req, forbid).__gt__(NEG).sum()) >= spec.nodes:
+            if int(self._candidates(spec, req, None)[0].__gt__(NEG).sum()) >= spec.nodes:
                 return True
         return False
 
-    def _candidates(self, spec: JobSpec, req: RankRequest, forbid: np.ndarray | None) -> np.ndarray:
+    def _candidates(self, spec: JobSpec, req: RankRequest,
+                    holds: JobHolds | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per node: the score of one rank of `req` there, -inf where it does not fit or a
+        hold refuses it; and the nodes where only the allocation there tells (or None)."""
         score = self.scores(req).score
         if spec.server is not None:
             row = self.fleet.row_of.get(spec.server)
@@ -276,29 +283,57 @@ class Scheduler:
             if row is not None:
                 cand[row] = score[row]
             score = cand
-        if forbid is not None:
-            score = np.where(forbid, NEG, score)
-        return score
+        if holds is None:
+            return score, None
+        return holds.refuse(req, score)
+
+    def _top(self, cand: np.ndarray, checks: np.ndarray | None, req: RankRequest,
+             holds: JobHolds | None) -> tuple[np.ndarray, float, np.ndarray | None]:
+        """The best score among the nodes the holds let this rank use, and those nodes;
+        `cand` is copied before a refused node is marked in it."""
+        gpu_choice = self._scores[req].gpu
+        own = False
+        while True:
+            best = float(cand.max()) if cand.size else NEG
+            if best == NEG:
+                return cand, best, None
+            ties = np.flatnonzero(cand >= best - TIE_EPS)
+            if checks is None or holds is None:
+                return cand, best, ties
+            refused = [r for r in ties[checks[ties]].tolist()
+                       if not holds.allows(r, self._alloc_on(r, req, int(gpu_choice[r])))]
+            if not refused:
+                return cand, best, ties
+            if not own:
+                cand, own = cand.copy(), True
+            cand[refused] = NEG
 
     def _place_ranks(self, spec: JobSpec, req: RankRequest, job_id: int,
-                     forbid: np.ndarray | None) -> tuple[NodeAllocation, ...] | None:
+                     holds: JobHolds | None) -> tuple[NodeAllocation, ...] | None:
         nodes = spec.nodes
-        cand = self._candidates(spec, req, forbid)
+        cand, checks = self._candidates(spec, req, holds)
         if nodes > 1:
+            cand = cand.copy()
+            if checks is not None and holds is not None:
+                # all or nothing: settle every node the holds must check before the first rank
+                # (placing a rank changes only its own node, so the verdicts stay true)
+                gpu_choice = self._scores[req].gpu
+                for r in np.flatnonzero(checks & (cand > NEG)).tolist():
+                    if not holds.allows(r, self._alloc_on(r, req, int(gpu_choice[r]))):
+                        cand[r] = NEG
+                checks = None
             if int((cand > NEG).sum()) < nodes:
                 return None
-            cand = cand.copy()
         allocs: list[NodeAllocation] = []
         gpu_choice = self._scores[req].gpu
         tries = 0
         while len(allocs) < nodes:
-            best = float(cand.max()) if cand.size else NEG
+            cand, best, ties = self._top(cand, checks, req, holds)
             if best == NEG:
-                return None  # only reachable when the arrays and NodeState disagree
-            ties = np.flatnonzero(cand >= best - TIE_EPS)
+                return None  # holds refuse the rest (a gang), or the arrays and NodeState disagree
             if len(ties) > 1 and not req.gpu_count:
                 # a CPU-only job: among equals, the node with the least GPU share left
-                free = self.fleet.left[ties].sum(axis=1)
+                free = self.fleet.left_sum[ties]
                 ties = ties[free <= free.min() + TIE_EPS]
             row = int(ties[(job_id * _HASH) % len(ties)]) if len(ties) > 1 else int(ties[0])
             alloc = self._alloc_on(row, req, int(gpu_choice[row]))
@@ -363,26 +398,26 @@ class Scheduler:
         if rest > 0:
             text += f"; {rest} more node{'s' if rest != 1 else ''} not listed"
         if spec.nodes > 1:
-            total_fit = max(int((self._candidates(spec, r, None) > NEG).sum()) for r in reqs)
+            total_fit = max(int((self._candidates(spec, r, None)[0] > NEG).sum()) for r in reqs)
             head = f"nodes={spec.nodes}: only {total_fit} node{'s' if total_fit != 1 else ''} can take a rank now"
             return head + (f"; {text}" if text else "")
         return text or "no node can take it now"
 
     # ---- backfill ----------------------------------------------------------------
 
-    def _reserve(self, spec: JobSpec, now: float) -> tuple[float, np.ndarray] | None:
+    def _reserve(self, spec: JobSpec, now: float) -> Reservation | None:
         """When and where a blocked job could start if running jobs end on time and nothing
         else is placed on those nodes; None when the known end times never free enough."""
-        best: tuple[float, np.ndarray] | None = None
+        best: Reservation | None = None
         able = self.able(spec)
         for req in self.requests(spec):
-            fit_rows = [int(i) for i in np.flatnonzero(self._candidates(spec, req, None) > NEG)]
+            fit_rows = [int(i) for i in np.flatnonzero(self._candidates(spec, req, None)[0] > NEG)]
             fit_set = set(fit_rows)
             t_start = now if len(fit_rows) >= spec.nodes else None
-            clones: dict[int, object] = {}
+            clones: dict[int, NodeState] = {}
             if t_start is None:
                 for t, _, allocs in self._events:
-                    if best is not None and t >= best[0]:
+                    if best is not None and t >= best.start_s:
                         break
                     for a in allocs:
                         row = self.fleet.row_of.get(a.node)
@@ -391,8 +426,8 @@ class Scheduler:
                         c = clones.get(row)
                         if c is None:
                             c = clones[row] = self.fleet.states[row].copy()
-                        c.give_back(a)  # type: ignore[attr-defined]
-                        if row not in fit_set and c.fit(req) is not None:  # type: ignore[attr-defined]
+                        c.give_back(a)
+                        if row not in fit_set and c.fit(req) is not None:
                             fit_set.add(row)
                             fit_rows.append(row)
                     if len(fit_rows) >= spec.nodes:
@@ -400,11 +435,12 @@ class Scheduler:
                         break
             if t_start is None:
                 continue
-            if best is None or t_start < best[0]:
-                mask = np.zeros(self.fleet.n, dtype=bool)
-                # hold the nodes that free last first: they are the ones the job waits for
-                mask[fit_rows[-spec.nodes:]] = True
-                best = (t_start, mask)
+            if best is None or t_start < best.start_s:
+                # hold the nodes that free last first: they are the ones the job waits for;
+                # each as it will be then (the releases replayed up to t_start given back)
+                rows = fit_rows[-spec.nodes:]
+                best = Reservation(t_start, req, {r: clones[r] if r in clones else self.fleet.states[r].copy()
+                                                  for r in rows})
         return best
 
     # ---- the pass --------------------------------------------------------------
@@ -416,11 +452,11 @@ class Scheduler:
         plan = Plan()
         order = QueueOrder(queue, now, usage)
         array_running: dict[int, int] = {}
-        forbid_unknown = np.zeros(self.fleet.n, dtype=bool)
-        reservations: list[tuple[float, np.ndarray, int]] = []
-        blocker_of_unknown: int | None = None
+        holds = Holds(self.fleet)
+        reserved = 0
         waiting: dict[int, JobSpec] = {}
-        held: dict[int, int] = {}
+        held: dict[int, str] = {}
+        held_why: dict[tuple[JobSpec, int, int], str] = {}
         # Within a pass capacity is only taken and holds only grow, so a request that
         # could not be placed cannot be placed later in the pass either; and what a
         # blocked request could do (fit now, reserve) is the same until a placement.
@@ -439,15 +475,8 @@ class Scheduler:
                     plan.pending[job.job_id] = f"array limit: {running} of its tasks running (%{limit})"
                     continue
             ends = now + spec.time_limit_s if spec.time_limit_s else math.inf
-            forbid = None
-            if blocker_of_unknown is not None or reservations:
-                forbid = forbid_unknown
-                for t, mask, _ in reservations:
-                    if ends > t:
-                        forbid = forbid | mask
-                if not forbid.any():
-                    forbid = None
-            allocs = None if spec in unplaceable else self.place(spec, job.job_id, forbid)
+            binding = holds.for_job(ends)
+            allocs = None if spec in unplaceable else self.place(spec, job.job_id, binding)
             if allocs is not None:
                 plan.placements.append(Placement(job.job_id, allocs))
                 if job.array_parent is not None:
@@ -455,44 +484,69 @@ class Scheduler:
                 order.started(job, sum(s.fraction for s in allocs[0].gpus))
                 if ends != math.inf:
                     bisect.insort(self._events, (ends, job.job_id, allocs))
+                holds.placed(allocs, ends)
                 continue
             unplaceable.add(spec)
             known = blocked.get(spec)
             if known is None or known[0] != len(plan.placements):
                 known = blocked[spec] = [len(plan.placements), None, _UNKNOWN]
-            # Blocked: it waits, and what it waits for is held so later jobs cannot delay it.
-            if forbid is not None and known[1] is None:
-                known[1] = self.fits_now(spec, None)
-            if forbid is not None and known[1]:
-                held[job.job_id] = self._holder(forbid_unknown, reservations, blocker_of_unknown, spec, ends)
+            # Blocked: it waits, and what it needs is held so later jobs cannot delay it.
+            if binding is not None and known[1] is None:
+                known[1] = self.fits_now(spec)
+            if binding is not None and known[1]:
+                key = (spec, len(plan.placements), len(holds.holders))
+                why = held_why.get(key)
+                if why is None:
+                    why = held_why[key] = self._why_held(spec, binding, holds)
+                held[job.job_id] = why
             else:
                 waiting[job.job_id] = spec
             res = None
-            if len(reservations) < RESERVATION_DEPTH:
+            if reserved < RESERVATION_DEPTH:
                 if known[2] is _UNKNOWN:
                     known[2] = self._reserve(spec, now)
                 res = known[2]
             if res is not None:
-                reservations.append((res[0], res[1], job.job_id))
+                reserved += 1
+                holds.reserve(job.job_id, res, self.requests(spec))
             else:
-                forbid_unknown = forbid_unknown | self.able(spec)
-                if blocker_of_unknown is None:
-                    blocker_of_unknown = job.job_id
+                holds.hold_unknown(job.job_id, self.requests(spec), spec.server, self.able(spec))
         reasons: dict[JobSpec, str] = {}
         for jid, spec in waiting.items():
             r = reasons.get(spec)
             if r is None:
                 r = reasons[spec] = self.why_pending(spec)
             plan.pending[jid] = r
-        for jid, holder in held.items():
-            plan.pending[jid] = (f"held for job {holder}, which waits ahead of it: starting now could delay it"
-                                 " (a job may start ahead only when its time= ends before that job's start)")
+        plan.pending.update(held)
         return plan
 
-    def _holder(self, forbid_unknown: np.ndarray, reservations: list[tuple[float, np.ndarray, int]],
-                first_unknown: int | None, spec: JobSpec, ends: float) -> int:
-        able = self.able(spec)
-        for t, mask, jid in reservations:
-            if ends > t and (mask & able).any():
-                return jid
-        return first_unknown if first_unknown is not None else (reservations[0][2] if reservations else 0)
+    def _why_held(self, spec: JobSpec, binding: JobHolds, holds: Holds) -> str:
+        """Which job ahead holds what this one would take: the earliest hold that refuses it
+        on the best node it fits now (the next best, where a gang is refused elsewhere)."""
+        first = None
+        for req in self.requests(spec):
+            cand, _ = self._candidates(spec, req, None)
+            gpu_choice = self._scores[req].gpu
+            rows = [int(np.argmax(cand))]
+            if spec.nodes > 1:
+                rows = np.argsort(-cand, kind="stable").tolist()
+            for row in rows:
+                if cand[row] == NEG:
+                    break
+                r = binding.first_refusal(req, row, lambda x: self._alloc_on(x, req, int(gpu_choice[x])))
+                if r is not None:
+                    if first is None or r < first[:2]:
+                        first = (*r, row)
+                    break
+        if first is None:  # not expected: it fits now, so a hold refused it
+            holder = holds.holders[0][0] if holds.holders else 0
+            return f"held for job {holder}, which waits ahead of it: starting now could delay it"
+        seq, what, row = first
+        holder, gpus = holds.holders[seq]
+        taken = {CPUS: "the CPUs", MEMORY: "the memory"}.get(what, gpus)
+        rule = "a job may start ahead of it only when it leaves it that room"
+        if any(r.seq == seq for r in holds.reservations):
+            rule = "a job may start ahead of it when it leaves it that room at its start, or when its time= ends" \
+                   " before that job's start"
+        return (f"held for job {holder}, which waits ahead of it: starting now would take {taken} it needs"
+                f" on node {self.fleet.names[row]} ({rule})")

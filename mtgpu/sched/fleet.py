@@ -38,6 +38,7 @@ class Fleet:
         self.idle = np.zeros((n, g), dtype=bool)
         self.open = np.zeros((n, g), dtype=bool)  # present and not held exclusively
         self.left = np.zeros((n, g), dtype=np.float64)  # share left for shared jobs (0 if exclusive)
+        self.left_sum = np.zeros(n, dtype=np.float64)  # per node, summed as left[rows].sum(axis=1) would
         self.shared_free = np.zeros((n, g), dtype=np.int64)
         self.meas_free = np.zeros((n, g), dtype=np.int64)
         self.load = np.zeros((n, g), dtype=np.float64)  # for oversubscribe: utilization + used share
@@ -79,6 +80,7 @@ class Fleet:
             self.shared_free[i, j] = x.shared_free
             self.meas_free[i, j] = x.measured_free
             self.load[i, j] = x.util / 100.0 + (x.used / x.total if x.total else 0.0) + 0.01 * x.over
+        self.left_sum[i] = self.left[i:i + 1].sum(axis=1)[0]
         self.cpus_free[i] = s.cpus_free
         self.mem_usable[i] = s.mem_usable
         self.schedulable[i] = s.schedulable
@@ -111,13 +113,17 @@ class Fleet:
             self._match_cache[key] = m
         return m
 
+    def match_slots(self, vendor: str | None, model: str | None) -> np.ndarray:
+        """Per node and GPU slot: is the GPU of that kind? (a few arrays: one per kind asked)"""
+        key = (vendor, model)
+        slots = self._match_slots.get(key)
+        if slots is None:
+            slots = self._match_slots[key] = self.kind_match(vendor, model)[self.gmodel]
+        return slots
+
     def gpu_ok(self, req: RankRequest, rows: np.ndarray | slice) -> np.ndarray:
         """Per GPU slot of `rows`: can it take one GPU of `req` now? (exactly GpuState.admits)"""
-        key = (req.vendor, req.model)
-        slots = self._match_slots.get(key)
-        if slots is None:  # per node and GPU slot, for each (vendor, model) asked: a few arrays
-            slots = self._match_slots[key] = self.kind_match(req.vendor, req.model)[self.gmodel]
-        match = slots[rows]
+        match = self.match_slots(req.vendor, req.model)[rows]
         mode = req.mode
         v = req.vram_bytes
         if mode == GpuMode.EXCLUSIVE:

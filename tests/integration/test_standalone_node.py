@@ -329,3 +329,27 @@ def test_a_relative_workdir_is_below_where_the_job_was_submitted(node2, alice):
     jid = node2.submit_json(alice, "--workdir", "proj", "--wrap", "pwd")["job_id"]
     node2.wait_state(jid, "completed")
     assert read_log(node2, alice, jid).strip() == str(sub)
+
+
+def test_jobs_needing_nothing_a_waiting_gpu_job_waits_for_start_past_it(alice):
+    """Issue 9: a queued GPU job holds the GPU it waits for, not the whole node."""
+    with running_node(RTX1) as node:
+        flag = Path(alice.home) / "go-holds"
+        first = node.submit_json(alice, script=f"#!/bin/bash\n#MTGPU gpus=1\nwhile [ ! -e {flag} ]; do sleep 0.05; done\n")["job_id"]
+        node.wait_state(first, "running")
+        second = node.submit_json(alice, "--gpus", "1", "--wrap", "true")["job_id"]
+        cpu = node.submit_json(alice, "--cpus", "1", "--wrap", "echo cpu")["job_id"]
+        bare = node.submit_json(alice, script="#!/bin/bash\necho bare\n")["job_id"]
+        for jid in (cpu, bare):
+            assert node.wait_state(jid, {"running", "completed", "failed"})["state"] != "failed"
+        r = node.mt_job(alice, "show", str(second), "--json")
+        assert r.returncode == 0, r.stderr
+        waiting = json.loads(r.stdout)
+        assert waiting["state"] == "queued", waiting
+        assert "no idle GPU" in waiting["reason"] and "held" not in waiting["reason"], waiting["reason"]
+        for jid in (cpu, bare):
+            assert node.wait_state(jid, {"completed", "failed"})["state"] == "completed"
+        flag.touch()
+        for jid in (first, second):
+            assert node.wait_state(jid, {"completed", "failed"})["state"] == "completed"
+        flag.unlink()

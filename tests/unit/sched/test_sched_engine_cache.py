@@ -1,5 +1,5 @@
-"""The engine's shortcuts agree with computing from scratch: kept V values, incremental
-scores, state ids, the factored CPU weights of the fragmentation model."""
+"""The engine's shortcuts agree with computing from scratch: kept V values and GPU share
+left, incremental scores, state ids, the factored CPU weights of the fragmentation model."""
 
 from __future__ import annotations
 
@@ -40,6 +40,11 @@ def test_kept_node_values_equal_recomputed_ones():
     f = sched.fleet
     fresh = sched.frag.value(f.left, f.gmodel, f.cpus_free, f.mem_usable.astype(np.float64))
     assert np.allclose(sched.value, fresh, rtol=0, atol=1e-12)
+
+
+def test_kept_gpu_share_left_per_node_equals_the_sum_over_its_gpus():
+    f = _placed_scheduler().fleet
+    assert np.array_equal(f.left_sum, f.left.sum(axis=1))
 
 
 def test_incremental_scores_equal_scores_from_scratch():
