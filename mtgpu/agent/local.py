@@ -47,9 +47,13 @@ class LocalAgent:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, state_dir: Path, gpu_backend: str, simulated_gpus: list[dict], seed: str) -> "LocalAgent":
-        backend = open_backend(gpu_backend, simulated_gpus, Path(state_dir), seed)
-        return cls(state_dir, NativeRunner(Path(state_dir) / "runs"), backend)
+    def open(cls, state_dir: Path, gpu_backend: str, simulated_gpus: list[dict], node_name: str) -> "LocalAgent":
+        """The agent of the member `node_name`. Its jobs' cgroups live under `mtgpu-NODE_NAME`:
+        two members on one machine (a test cluster) run ranks of one gang with the same
+        job id, and must never share (or kill) each other's job cgroups."""
+        backend = open_backend(gpu_backend, simulated_gpus, Path(state_dir), node_name)
+        runner = NativeRunner(Path(state_dir) / "runs", cgroup_parent=f"mtgpu-{node_name}")
+        return cls(state_dir, runner, backend)
 
     # ------------------------------------------------------------ measuring
     def sample(self) -> tuple[list[GpuInfo], HostInfo]:

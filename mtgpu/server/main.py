@@ -51,7 +51,7 @@ def prepare_state_dir(state_dir: Path) -> None:
 def build_service(config: Config) -> MemberService:
     state_dir = Path(config.STATE_DIR)
     prepare_state_dir(state_dir)
-    agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), seed=config.NODE_NAME)
+    agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), node_name=config.NODE_NAME)
     if config.CLUSTER_MODE == "cluster":
         member = open_cluster_member(config, agent)
     else:

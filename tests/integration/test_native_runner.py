@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mtgpu.agent.local import LocalAgent
 from mtgpu.agent.runners.base import ExitInfo, Launch, Runner
 from mtgpu.agent.runners.native import NativeRunner, marked_pids
 
@@ -313,3 +314,30 @@ def test_a_tenant_cannot_read_another_tenants_log(runners, runner, temp_user_fac
     as_alice = subprocess.run(["cat", launch.log_path], user=alice.uid, group=alice.gid, extra_groups=[],
                               capture_output=True, text=True, timeout=10)
     assert as_alice.stdout == "alice-secret\n"
+
+
+def test_two_members_on_one_machine_never_share_or_kill_each_others_job_cgroups(runners, tenant):
+    """Two ranks of one gang (the same job id) on two members of one machine: the rank
+    that ends first kills what its job left behind, and only that (a flaky gang test
+    found rank 0 killed when rank 1 ended, through a shared `mtgpu/job-1` cgroup)."""
+    other = Runners()
+    try:
+        a = LocalAgent(runners.state_dir, runners.new(), backend=None)
+        b = LocalAgent(other.state_dir, other.new(), backend=None)
+        assert a.runner.cgroups.parent != b.runner.cgroups.parent
+        a.start(make_launch(runners, tenant, "exec sleep 300\n"))
+        b.start(make_launch(other, tenant, "sleep 0.5\n"))
+        wait_exit(b.runner, 1)  # b's shim killed what b left behind before it recorded the end
+        assert a.runner.poll(1) is None, "the other member's job was killed"
+        assert set(a.runner.cgroups.pids(1)) & set(b.runner.cgroups.pids(1)) == set()
+    finally:
+        other.close()
+
+
+def test_a_members_agent_puts_its_job_cgroups_under_its_own_name(tmp_path):
+    agents = [LocalAgent.open(tmp_path / name, "simulated", [], name) for name in ("m0", "m1")]
+    try:
+        assert [ag.runner.cgroups.parent for ag in agents] == ["mtgpu-m0", "mtgpu-m1"]
+    finally:
+        for ag in agents:
+            ag.close()
