@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..model.gpu import GpuInfo, HostInfo
 from .runners.base import NEVER_STARTED, RUNNING, Launch, LocalRun, Runner
+from .podman.setup import ContainerSettings, ContainerSetup, open_containers
 from .runners.native import NativeRunner
 from .telemetry import open_backend
 from .telemetry.base import GpuBackend
@@ -45,15 +46,27 @@ class LocalAgent:
         self._stopping: set[int] = set()
         self._last_gpus: list[GpuInfo] = []
         self._lock = threading.Lock()
+        self.containers: ContainerSetup | None = None  # set by open() when containers are enabled
 
     @classmethod
-    def open(cls, state_dir: Path, gpu_backend: str, simulated_gpus: list[dict], node_name: str) -> "LocalAgent":
+    def open(cls, state_dir: Path, gpu_backend: str, simulated_gpus: list[dict], node_name: str,
+             containers: ContainerSettings | None = None) -> "LocalAgent":
         """The agent of the member `node_name`. Its jobs' cgroups live under `mtgpu-NODE_NAME`:
         two members on one machine (a test cluster) run ranks of one gang with the same
-        job id, and must never share (or kill) each other's job cgroups."""
+        job id, and must never share (or kill) each other's job cgroups. With `containers`
+        (enabled), container jobs run in rootless Podman (runners/podman.py)."""
         backend = open_backend(gpu_backend, simulated_gpus, Path(state_dir), node_name)
-        runner = NativeRunner(Path(state_dir) / "runs", cgroup_parent=f"mtgpu-{node_name}")
-        return cls(state_dir, runner, backend)
+        if containers is None:
+            runner: Runner = NativeRunner(Path(state_dir) / "runs", cgroup_parent=f"mtgpu-{node_name}")
+            return cls(state_dir, runner, backend)
+        try:
+            setup = open_containers(Path(state_dir), node_name, containers, backend)
+        except Exception:
+            backend.close()
+            raise
+        agent = cls(state_dir, setup.runner, backend)
+        agent.containers = setup
+        return agent
 
     # ------------------------------------------------------------ measuring
     def sample(self) -> tuple[list[GpuInfo], HostInfo]:
@@ -161,6 +174,8 @@ class LocalAgent:
                 with self._lock:
                     self._active[job_id] = attempt
             results.append(Reattach(job_id, attempt, outcome))
+        if self.containers is not None:
+            self.containers.sweep_later()
         return results
 
     def _save(self, job_id: int, state: dict) -> None:
@@ -186,4 +201,6 @@ class LocalAgent:
             return {}
 
     def close(self) -> None:
+        if self.containers is not None:
+            self.containers.close()
         self.backend.close()

@@ -66,7 +66,8 @@ def submit(
     if wrap is not None:
         if rest:
             fail("give either a job file or --wrap, not both", 2)
-        script = f"#!/bin/bash\n{wrap}\n"
+        # In a container the image's sh (images need not have bash), natively bash.
+        script = f"#!/bin/{'sh' if overrides.get('container') else 'bash'}\n{wrap}\n"
     elif len(rest) == 1:
         path = rest[0]
         try:

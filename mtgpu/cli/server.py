@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"mtgpu-server: the config cannot be used:\n{e}", file=sys.stderr)
         return 2
+    from ..agent.podman.tenant import PodmanSetupError
     from ..server.main import run_node  # heavy imports only after the config is good
 
     try:
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterSetupError as e:
         logging.getLogger("mtgpu-server").error("%s", e)
         print(f"mtgpu-server: this member cannot take part in the cluster: {e}", file=sys.stderr)
+        return 2
+    except PodmanSetupError as e:
+        logging.getLogger("mtgpu-server").error("%s", e)
+        print(f"mtgpu-server: containers cannot run on this node: {e}", file=sys.stderr)
         return 2
 
 

@@ -65,6 +65,9 @@ class LocalClient:
         return ClientError(f"talking to the node at {self.socket_path} failed: {e}")
 
     # ---------------------------------------------------------------- calls
+    def podman_env(self) -> dict:
+        return self._call("POST", "/v1/podman/env")
+
     def health(self) -> dict:
         return self._call("GET", "/v1/health")
 

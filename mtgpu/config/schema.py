@@ -152,53 +152,115 @@ PeerAddress = Annotated[str, AfterValidator(_peer_address)]
 # ---------------------------------------------------------------- tables
 
 
-NOT_YET = ("not available yet: this version has no Podman runner, so container jobs and workspaces cannot "
-           "run; remove the key (container jobs are refused at submit meanwhile)")
+WORKSPACES_NOT_YET = ("not available yet: workspaces (mt-container) are not built in this version, so this key "
+                      "would do nothing; remove it")
 
 
-def _not_yet(value):
-    """A [CONTAINERS] key that would do nothing in this version is refused, not ignored."""
-    raise _bad(NOT_YET)
+def _workspaces_not_yet(value):
+    """A [CONTAINERS] key only workspaces use is refused until workspaces exist, not ignored."""
+    raise _bad(WORKSPACES_NOT_YET)
 
 
-def _off_only(value: bool) -> bool:
-    if value:
-        raise _bad(NOT_YET.replace("remove the key", "set it to false or remove it"))
+_IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*$")
+_VOLUME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NETWORKS = ("slirp4netns", "pasta", "none", "host")
+
+
+def _image_name(value: str) -> str:
+    if not isinstance(value, str) or not _IMAGE_RE.match(value) or len(value) > 255:
+        raise _bad(f"{value!r} is not an image name; use lower-case registry/name:tag, "
+                   f"e.g. \"localhost/pytorch:2.6\" or \"registry.lab:5000/team/base:1\"")
     return value
 
 
-NotYet = AfterValidator(_not_yet)
+def _unique_images(value: list[str]) -> list[str]:
+    seen = set()
+    for v in value:
+        if v in seen:
+            raise _bad(f"{v!r} is listed twice; list each image once")
+        seen.add(v)
+    return value
+
+
+def _templates(value: dict) -> dict:
+    for name, image in value.items():
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
+            raise _bad(f"template name {name!r}: use letters, digits, '.', '_' and '-'")
+        if not isinstance(image, str):
+            raise _bad(f"template {name!r}: the table form (image, ports, env, command, resources) is for workspaces, "
+                       "which are not available yet; give the template as a name for an image, e.g. "
+                       f'{name} = "localhost/jupyter:1"')
+        _image_name(image)
+    return value
+
+
+def _volume_name(value: str) -> str:
+    if not _VOLUME_RE.match(value):
+        raise _bad(f"{value!r} is not a Podman volume name; use letters, digits, '.', '_' and '-', "
+                   'e.g. "mtgpu-cache"')
+    return value
+
+
+def _network(value: str) -> str:
+    if value not in _NETWORKS:
+        raise _bad(f"{value!r} is not a network mode this node can give rootless containers; use one of "
+                   + ", ".join(_NETWORKS))
+    return value
+
+
+ImageName = Annotated[str, AfterValidator(_image_name)]
 
 
 class ContainersConfig(BaseModel):
-    """`[CONTAINERS]`: rootless Podman workspaces and container jobs. Not available yet:
-    only `enabled = false` is accepted; every other key is refused with the reason."""
+    """`[CONTAINERS]`: container jobs on rootless Podman (docs/CONTAINERS.md). The keys
+    only workspaces use (`publish_ports`, `idle_timeout`) are refused until workspaces
+    exist, never accepted and ignored."""
 
     # Numbers and booleans are strict (no "yes" for true, no true for 1): TOML has real types.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: Annotated[bool, AfterValidator(_off_only)] = Field(
-        False, strict=True, description="offer container workspaces and container jobs on this node (not available "
-                                        "yet: only false is accepted)")
-    templates: Annotated[dict[str, str], NotYet] = Field(
-        default_factory=dict, description="workspace templates tenants pick by name: name -> image (not available yet)"
+    enabled: bool = Field(
+        False, strict=True, description="run container jobs (container=) on this node, on rootless Podman as the "
+                                        "tenant; off: container= jobs are never placed here, and refused at submit "
+                                        "when no node of the cluster has it on")
+    templates: Annotated[dict[str, Any], AfterValidator(_templates)] = Field(
+        default_factory=dict, description="names for images tenants may use: name -> image; the images are "
+                                          "pre-staged like `images` (the table form is for workspaces: not "
+                                          "available yet)"
     )
-    images: Annotated[list[str], NotYet] = Field(
-        default_factory=list, description="images the node pre-stages as content-addressed archives (not available yet)")
-    registry_auth_file: Annotated[Path | None, NotYet] = Field(
-        None, description="credentials for private registries, readable by root only (not available yet)")
-    cache_volume: Annotated[str, Field(min_length=1), NotYet] = Field(
-        "mtgpu-cache", description="the name of each tenant's persistent cache volume (pip, Hugging Face and torch "
-                                   "caches), which outlives every container (not available yet)")
-    network: Annotated[str, Field(min_length=1), NotYet] = Field(
-        "slirp4netns", description="the rootless network mode Podman runs containers with (not available yet)"
+    images: Annotated[list[ImageName], AfterValidator(_unique_images)] = Field(
+        default_factory=list, description="images the node pre-stages as root, once, as content-addressed archives "
+                                          "(STATE_DIR/images; with HOME_LAYOUT = \"shared\" under "
+                                          "TENANT_HOME_ROOT/.mtgpu-images for every node); a tenant's first use "
+                                          "loads the archive into its own store")
+    registry_auth_file: AbsolutePath | None = Field(
+        None, description="credentials (containers-auth.json) for pulling `images` from private registries; must "
+                          "be readable by root only; tenants never see them")
+    cache_volume: Annotated[str, AfterValidator(_volume_name)] = Field(
+        "mtgpu-cache", description="the name of each tenant's persistent cache volume, made on first use and "
+                                   "mounted at /mtgpu-cache in every container of that tenant: PIP_CACHE_DIR, HF_HOME "
+                                   "and TORCH_HOME point into it, so pip wheels and Hugging Face and torch models "
+                                   "are downloaded once per tenant, not once per container")
+    network: Annotated[str, AfterValidator(_network)] = Field(
+        "slirp4netns", description="the network mode of one-node container jobs (gangs, nodes=N, always use the "
+                                   "host network so the rendezvous port is reachable)"
     )
-    publish_ports: Annotated[bool, NotYet] = Field(
-        True, strict=True, description="publish workspace ports on this node's loopback (not available yet)")
-    allow_user_images: Annotated[bool, NotYet] = Field(
-        False, strict=True, description="also allow images from the tenant's own store (not available yet)")
-    idle_timeout: Annotated[str, NotYet] = Field(
-        "off", description="stop a workspace idle for this long (not available yet)")
+    publish_ports: Annotated[bool, AfterValidator(_workspaces_not_yet)] = Field(
+        True, strict=True, description="publish workspace ports on this node's loopback (workspaces: not available "
+                                       "yet)")
+    allow_user_images: bool = Field(
+        False, strict=True, description="also allow any image in the tenant's own store (mt-podman pull, "
+                                        "podman load)")
+    idle_timeout: Annotated[str, AfterValidator(_workspaces_not_yet)] = Field(
+        "off", description="stop a workspace idle for this long (workspaces: not available yet)")
+
+    def allowed_images(self) -> list[str]:
+        """The images this node stages and offers: `images`, then the templates' images."""
+        out = list(self.images)
+        for image in self.templates.values():
+            if image not in out:
+                out.append(image)
+        return out
 
 
 class SimulatedGpu(BaseModel):

@@ -33,6 +33,15 @@ class GpuView:
     oversubscribed_jobs: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class NodeContainers:
+    """A node with containers on: the images it offers, and whether it also runs a
+    tenant's own images."""
+
+    images: frozenset[str] = frozenset()
+    user_images: bool = False
+
+
 @dataclass(slots=True)
 class NodeView:
     name: str
@@ -44,6 +53,7 @@ class NodeView:
     mem_available_measured_bytes: int | None = None  # None: no measurement yet
     schedulable: bool = True  # False when drained or down
     unschedulable_reason: str = ""
+    containers: NodeContainers | None = None  # None: no container jobs here
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +116,7 @@ __all__ = [
     "ClusterSnapshot",
     "GpuMode",
     "GpuView",
+    "NodeContainers",
     "NodeView",
     "PendingJob",
     "Placement",

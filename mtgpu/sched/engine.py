@@ -25,6 +25,7 @@ from .nodefit import NodeState
 from .order import QueueOrder
 from .reasons import join_node_reasons
 from .request import RankRequest, rank_requests
+from .containers import container_reason, offered_images
 from .satisfiable import check_satisfiable
 
 NEG = -np.inf
@@ -64,6 +65,7 @@ class Scheduler:
         self.set_workload(workload if workload is not None else shapes_from_queue(()))
         self._never_cache: dict[JobSpec, str | None] = {}
         self._able_cache: dict[JobSpec, np.ndarray] = {}
+        self._pin_cache: dict[JobSpec, np.ndarray] = {}
         self._reqs_cache: dict[JobSpec, list[RankRequest]] = {}
         # the same by object identity (hashing a JobSpec hashes all its fields); the entry keeps
         # the spec alive, so its id cannot be reused by another object meanwhile
@@ -219,13 +221,32 @@ class Scheduler:
             m = np.zeros(self.fleet.n, dtype=bool)
             for req in self.requests(spec):
                 m |= self.fleet.able(req)
+            pin = self.pinned(spec)
+            if pin is not None:
+                m &= pin
+            self._able_cache[spec] = m
+        return m
+
+    def pinned(self, spec: JobSpec) -> np.ndarray | None:
+        """Per node: may `spec` go there at all (`server=`, and a container job only where
+        its image can run); None when every node may."""
+        if spec.server is None and spec.container is None:
+            return None
+        m = self._pin_cache.get(spec)
+        if m is None:
+            m = np.ones(self.fleet.n, dtype=bool)
             if spec.server is not None:
-                only = np.zeros(self.fleet.n, dtype=bool)
+                m[:] = False
                 row = self.fleet.row_of.get(spec.server)
                 if row is not None:
-                    only[row] = True
-                m &= only
-            self._able_cache[spec] = m
+                    m[row] = True
+            if spec.container is not None:
+                offered = offered_images(self.snapshot)
+                for node in self.snapshot.nodes:
+                    row = self.fleet.row_of.get(node.name)
+                    if row is not None and container_reason(spec.container, node, offered) is not None:
+                        m[row] = False
+            self._pin_cache[spec] = m
         return m
 
     def never_fits(self, spec: JobSpec) -> str | None:
@@ -277,12 +298,9 @@ class Scheduler:
         """Per node: the score of one rank of `req` there, -inf where it does not fit or a
         hold refuses it; and the nodes where only the allocation there tells (or None)."""
         score = self.scores(req).score
-        if spec.server is not None:
-            row = self.fleet.row_of.get(spec.server)
-            cand = np.full(self.fleet.n, NEG)
-            if row is not None:
-                cand[row] = score[row]
-            score = cand
+        pin = self.pinned(spec)
+        if pin is not None:
+            score = np.where(pin, score, NEG)
         if holds is None:
             return score, None
         return holds.refuse(req, score)
@@ -374,11 +392,15 @@ class Scheduler:
         nodes by name on a big cluster, with a count of the rest)."""
         reqs = self.requests(spec)
         states = self.fleet.states
-        if spec.server is not None:
-            row = self.fleet.row_of.get(spec.server)
-            states = [states[row]] if row is not None else []
-        scanned = states[:REASON_SCAN_LIMIT]
         per_node: list[tuple[str, str]] = []
+        pin = self.pinned(spec)
+        if pin is not None:
+            if spec.container is not None and spec.server is None:
+                offered = offered_images(self.snapshot)
+                per_node += [(n.name, why) for n in self.snapshot.nodes[:REASON_SCAN_LIMIT]
+                             if (why := container_reason(spec.container, n, offered))]
+            states = [st for i, st in enumerate(states) if pin[i]]
+        scanned = states[:REASON_SCAN_LIMIT]
         fitting = 0
         for n in scanned:
             reasons = []
@@ -510,7 +532,7 @@ class Scheduler:
                 reserved += 1
                 holds.reserve(job.job_id, res, self.requests(spec))
             else:
-                holds.hold_unknown(job.job_id, self.requests(spec), spec.server, self.able(spec))
+                holds.hold_unknown(job.job_id, self.requests(spec), (spec.server, spec.container), self.able(spec))
         reasons: dict[JobSpec, str] = {}
         for jid, spec in waiting.items():
             r = reasons.get(spec)

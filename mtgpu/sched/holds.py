@@ -104,10 +104,10 @@ class Holds:
 
     # ---- adding holds ----------------------------------------------------------
 
-    def hold_unknown(self, job_id: int, reqs: list[RankRequest], server: str | None, rows: np.ndarray) -> None:
+    def hold_unknown(self, job_id: int, reqs: list[RankRequest], pin: tuple, rows: np.ndarray) -> None:
         """A blocked job without a computed start holds its kinds of GPU, its cpus= and its
-        mem= on `rows`, the nodes it could ever use."""
-        key = (tuple(reqs), server)
+        mem= on `rows`, the nodes it could ever use (`pin`: what chose them, e.g. server=)."""
+        key = (tuple(reqs), pin)
         if key in self._unknown_seen:  # the same holds as a job ahead of it: nothing to add
             return
         self._unknown_seen.add(key)

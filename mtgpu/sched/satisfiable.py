@@ -11,6 +11,7 @@ from mtgpu.model.gpu import model_matches
 from mtgpu.model.job import JobSpec
 from mtgpu.model.units import format_size
 
+from .containers import cluster_refusal, container_reason, offered_images
 from .reasons import gpu_capacity_reason, join_node_reasons
 from .request import EPS, RankRequest, rank_requests
 
@@ -49,6 +50,19 @@ def check_satisfiable(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     if not nodes:
         return "the cluster has no nodes"
     per_node: list[tuple[str, str]] = []
+    if spec.container is not None:
+        refusal = cluster_refusal(spec.container, snapshot)
+        if refusal:
+            return refusal
+        offered = offered_images(snapshot)
+        kept = []
+        for n in nodes:
+            why = container_reason(spec.container, n, offered)
+            if why:
+                per_node.append((n.name, why))
+            else:
+                kept.append(n)
+        nodes = kept
     able = 0
     for n in nodes:
         reasons = [never_reason(n, r) for r in reqs]

@@ -11,9 +11,11 @@ from pathlib import Path
 import uvicorn
 
 from ..agent.local import LocalAgent
+from ..agent.podman.setup import ContainerSettings
 from ..config import Config
 from ..state.journal import JournaledState
 from .api.routes import local_app, public_app
+from .cluster.errors import ClusterSetupError
 from .cluster.link import open_cluster_member
 from .api.identity import PeerCredProtocol
 from .member.runtime import Member
@@ -48,10 +50,36 @@ def prepare_state_dir(state_dir: Path) -> None:
     os.chmod(logs, 0o755)
 
 
+def container_settings(config: Config) -> ContainerSettings | None:
+    """[CONTAINERS] for the agent; None when containers are off. Raises ClusterSetupError
+    for a registry_auth_file others could read (tenants never see the credentials)."""
+    c = config.CONTAINERS
+    if not c.enabled:
+        return None
+    if c.registry_auth_file is not None:
+        try:
+            st = os.stat(c.registry_auth_file)
+        except OSError as e:
+            raise ClusterSetupError(f"[CONTAINERS] registry_auth_file = {str(c.registry_auth_file)!r}: {e.strerror}; "
+                                    "give the path of a containers-auth.json") from None
+        if st.st_uid != 0 or st.st_mode & 0o077:
+            raise ClusterSetupError(f"[CONTAINERS] registry_auth_file = {str(c.registry_auth_file)!r} is readable by "
+                                    f"others (mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}); it must be root's "
+                                    f"alone: chown root {c.registry_auth_file} && chmod 600 {c.registry_auth_file}")
+    shared = config.HOME_LAYOUT == "shared"
+    read_only = [str(p) for p in config.DATASETS_DIRECTORIES] + [str(p.path) for p in config.PYTHON_INTERPRETERS]
+    return ContainerSettings(
+        images=tuple(c.allowed_images()),
+        images_dir=Path(config.TENANT_HOME_ROOT) / ".mtgpu-images" if shared else None,
+        registry_auth_file=c.registry_auth_file, cache_volume=c.cache_volume, network=c.network,
+        allow_user_images=c.allow_user_images, read_only=tuple(read_only))
+
+
 def build_service(config: Config) -> MemberService:
     state_dir = Path(config.STATE_DIR)
     prepare_state_dir(state_dir)
-    agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), node_name=config.NODE_NAME)
+    agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), node_name=config.NODE_NAME,
+                            containers=container_settings(config))
     if config.CLUSTER_MODE == "cluster":
         member = open_cluster_member(config, agent)
     else:

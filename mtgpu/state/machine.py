@@ -49,6 +49,8 @@ class NodeRecord:
     registered_at: float = 0.0
     down: bool = False
     down_reason: str = ""
+    # None: containers off here; else {"images": [...], "staged": [...], "user_images": bool}
+    containers: dict | None = None
 
     @property
     def unavailable_reason(self) -> str:
@@ -72,6 +74,7 @@ class NodeRecord:
             "registered_at": self.registered_at,
             "down": self.down,
             "down_reason": self.down_reason,
+            "containers": self.containers,
         }
 
     @classmethod
@@ -87,6 +90,7 @@ class NodeRecord:
             registered_at=d.get("registered_at", 0.0),
             down=d.get("down", False),
             down_reason=d.get("down_reason", ""),
+            containers=d.get("containers"),
         )
 
 
@@ -180,10 +184,14 @@ class StateMachine(TenantCommands):
 
     # ---------------------------------------------------------------- tenants and nodes
     def _node_register(self, name: str, gpus: list, cpus: float, mem_total_bytes: int,
-                       at: float, address: str = "") -> dict:
+                       at: float, address: str = "", containers: dict | None = None) -> dict:
         old = self.nodes.get(name)
+        if containers is not None:
+            containers = {"images": [str(i) for i in containers.get("images", [])],
+                          "staged": [str(i) for i in containers.get("staged", [])],
+                          "user_images": bool(containers.get("user_images", False))}
         rec = NodeRecord(name, [GpuInventory(**g) for g in gpus], float(cpus), int(mem_total_bytes),
-                         address=address, registered_at=at)
+                         address=address, registered_at=at, containers=containers)
         if old is not None:
             rec.drained, rec.drain_reason, rec.registered_at = old.drained, old.drain_reason, old.registered_at
             rec.down, rec.down_reason = old.down, old.down_reason

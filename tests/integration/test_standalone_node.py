@@ -104,7 +104,7 @@ def test_a_container_job_is_refused_at_submit_never_run_natively(node2, alice, t
     r = node2.mt_job(alice, "submit", "-", input=script)
     assert r.returncode == 2, r
     assert "container=localhost/pytorch:2.6" in r.stderr and "[CONTAINERS] enabled" in r.stderr
-    assert "not available yet" in r.stderr
+    assert "no node of this cluster runs containers" in r.stderr
     r = node2.mt_job(alice, "submit", "--container", "localhost/base", "--wrap", "true")
     assert r.returncode == 2 and "container=localhost/base" in r.stderr
     after = {j["id"] for j in json.loads(node2.mt_job(alice, "list", "--json").stdout)}

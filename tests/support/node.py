@@ -61,11 +61,18 @@ def toml_value(v) -> str:
         return json.dumps(v)
     if isinstance(v, list):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(v)
 
 
 def write_config(path: Path, settings: dict, gpus: list[dict]) -> None:
-    lines = [f"{k} = {toml_value(v)}" for k, v in settings.items()]
+    """Top-level keys, then each dict-valued key as a [TABLE], then [[SIMULATED_GPUS]]."""
+    lines = [f"{k} = {toml_value(v)}" for k, v in settings.items() if not isinstance(v, dict)]
+    for table, values in settings.items():
+        if isinstance(values, dict):
+            lines.append(f"\n[{table}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
     for g in gpus:
         lines.append("\n[[SIMULATED_GPUS]]")
         lines += [f"{k} = {toml_value(v)}" for k, v in g.items()]
@@ -178,6 +185,23 @@ def kill_leftover_runs(state_dir: Path) -> None:
                         os.kill(pid, signal.SIGKILL)
 
 
+def remove_container_leftovers(state_dir: Path, node_name: str) -> None:
+    """What a node with containers made outside its folder: the tenants' runtime folders,
+    its CDI spec and its simulated GPUs' device nodes (a killed server leaves them)."""
+    from mtgpu.agent.podman.cdi import CDI_DIR, remove_sim_nodes, slug
+    from mtgpu.agent.podman.tenant import PodmanHost
+
+    runtime = PodmanHost(state_dir).runtime_root
+    if runtime.is_dir():
+        for d in runtime.iterdir():  # the tenants' processes are gone by now (user fixtures)
+            with contextlib.suppress(OSError):
+                subprocess.run(["umount", "-R", "-l", str(d)], capture_output=True, timeout=30)
+        shutil.rmtree(runtime, ignore_errors=True)
+    for p in CDI_DIR.glob(f"mtgpu-{slug(node_name)}*"):
+        p.unlink(missing_ok=True)
+    remove_sim_nodes(node_name)
+
+
 @contextlib.contextmanager
 def running_node(gpus: list[dict] | None = None, name: str = "node-a", start: bool = True,
                  parent_dir: str | None = None, **settings) -> Iterator[Node]:
@@ -207,4 +231,5 @@ def running_node(gpus: list[dict] | None = None, name: str = "node-a", start: bo
             node.cancel_everything()
         node.terminate()
         kill_leftover_runs(state_dir)
+        remove_container_leftovers(state_dir, name)
         shutil.rmtree(base, ignore_errors=True)

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
+from mtgpu.accounts.plan import subordinate_range
+
 UID_RANGE = (250_000, 259_999)
 
 
@@ -86,8 +88,11 @@ def temp_user(prefix: str = "mtt", *, uid_range: tuple[int, int] = UID_RANGE,
     os.chmod(parent, 0o755)  # the user must be able to reach its home
     home = os.path.join(parent, name)
     lo, hi = uid_range
+    # No automatic subordinate ids: the distribution's (from 100000) would cover tenant uids,
+    # which rootless podman refuses; the node's own formula is added below instead.
     cmd = ["useradd", "-m", "-d", home, "-s", "/bin/bash",
-           "-K", f"UID_MIN={lo}", "-K", f"UID_MAX={hi}", "-K", f"GID_MIN={lo}", "-K", f"GID_MAX={hi}", name]
+           "-K", f"UID_MIN={lo}", "-K", f"UID_MAX={hi}", "-K", f"GID_MIN={lo}", "-K", f"GID_MAX={hi}",
+           "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0", name]
     r = _retry_locked(cmd)
     if r.returncode != 0:
         if own_parent:
@@ -97,6 +102,10 @@ def temp_user(prefix: str = "mtt", *, uid_range: tuple[int, int] = UID_RANGE,
         out = subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout
         uid = int(out)
         gid = int(subprocess.run(["id", "-g", name], capture_output=True, text=True, check=True).stdout)
+        sub = subordinate_range(uid, uid_range)  # the node's formula, counted from this helper's range
+        if sub is not None:
+            span = f"{sub[0]}-{sub[0] + sub[1] - 1}"
+            _retry_locked(["usermod", "--add-subuids", span, "--add-subgids", span, name])
         yield TempUser(name, uid, gid, home)
     finally:
         with contextlib.suppress(Exception):

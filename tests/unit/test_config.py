@@ -180,7 +180,7 @@ def test_enum_errors(key, value, allowed):
         ({"NODE_NAME": "bad name"}, "NODE_NAME", '"bad name"', "letters, digits"),
         ({"NODE_NAME": 5}, "NODE_NAME", "5", "string"),
         ({"CONTAINERS": {"publish_ports": "yes"}}, "CONTAINERS.publish_ports", '"yes"', "true or false"),
-        ({"CONTAINERS": {"network": ""}}, "CONTAINERS.network", '""', "must not be empty"),
+        ({"CONTAINERS": {"network": ""}}, "CONTAINERS.network", '""', "not a network mode"),
         ({"CONTAINERS": []}, "CONTAINERS", "[]", "must be a table"),
         ({"SIMULATED_GPUS": [{"model": "a", "vram": "1G", "vendor": "nvdia"}]}, "SIMULATED_GPUS[0].vendor", '"nvdia"',
          '"nvidia", "amd" or "intel"'),
@@ -379,15 +379,33 @@ def test_any_parsed_toml_gives_a_config_or_a_config_error(d):
         assert exc.problems and all(isinstance(p, str) and p for p in exc.problems)
 
 
-@pytest.mark.parametrize("key, value", [
-    ("enabled", True), ("templates", {"torch": "localhost/torch"}), ("images", ["localhost/base"]),
-    ("registry_auth_file", "/root/auth.json"), ("cache_volume", "cache"), ("network", "host"),
-    ("publish_ports", False), ("allow_user_images", True), ("idle_timeout", "2h"),
-])
-def test_every_containers_key_that_would_do_nothing_yet_is_refused_with_the_reason(key, value):
+@pytest.mark.parametrize("key, value", [("publish_ports", False), ("idle_timeout", "2h")])
+def test_containers_keys_only_workspaces_use_are_refused_until_workspaces_exist(key, value):
     problem = only_problem({"CONTAINERS": {key: value}})
     assert problem.startswith(f"CONTAINERS.{key} = ") and "not available yet" in problem
-    assert "no Podman runner" in problem
+    assert "workspaces" in problem
+
+
+def test_containers_keys_of_container_jobs_are_accepted():
+    c = config_from_dict({"CONTAINERS": {
+        "enabled": True, "templates": {"torch": "localhost/torch:1"}, "images": ["localhost/base", "reg.lab:5000/a/b:1"],
+        "registry_auth_file": "/root/auth.json", "cache_volume": "cache", "network": "host",
+        "allow_user_images": True}}).CONTAINERS
+    assert c.enabled and c.cache_volume == "cache" and c.network == "host" and c.allow_user_images
+    assert c.allowed_images() == ["localhost/base", "reg.lab:5000/a/b:1", "localhost/torch:1"]
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("images", ["Bad Image"], "not an image name"),
+    ("images", ["localhost/a", "localhost/a"], "listed twice"),
+    ("templates", {"jup": {"image": "localhost/j"}}, "table form"),
+    ("cache_volume", "a/b", "not a Podman volume name"),
+    ("network", "bridge", "slirp4netns"),
+    ("registry_auth_file", "auth.json", "absolute"),
+])
+def test_bad_containers_values_name_the_key_the_value_and_the_fix(key, value, words):
+    problem = only_problem({"CONTAINERS": {key: value}})
+    assert problem.startswith(f"CONTAINERS.{key}") and words in problem, problem
 
 
 def test_containers_enabled_false_is_accepted_as_it_says_what_happens():

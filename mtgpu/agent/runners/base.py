@@ -29,6 +29,7 @@ class Launch:
     # Cluster mode: the agent renews this file; the job is killed when it is older than lease_s.
     lease_path: str | None = None
     lease_s: float | None = None
+    container: str | None = None  # run in this image (runners/podman.py); None: natively
 
 
 @dataclass

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtgpu.agent import procs
@@ -60,6 +60,18 @@ def marked_pids(job_id: int, token: str) -> set[int]:
     MTGPU_RUN_TOKEN): finds a job's processes that left its process group, and where
     cgroups are not available."""
     return procs.pids_with_env({"MTGPU_JOB_ID": str(job_id), "MTGPU_RUN_TOKEN": token})
+
+
+@dataclass
+class Command:
+    """argv and environment the shim runs as the tenant; `script_arg`: append the script
+    as /dev/fd/N; `state`: what the runner keeps in the run's state."""
+
+    argv: list[str]
+    env: dict[str, str]
+    script_arg: bool = True
+    state: dict = field(default_factory=dict)
+    rlimit_as_ok: bool = True  # RLIMIT_AS may stand in for a missing memory cgroup
 
 
 @dataclass
@@ -132,11 +144,17 @@ class NativeRunner:
             enforced["cgroup_error"] = cg_error
         rlimit_as = launch.mem_bytes if launch.mem_bytes and "memory" not in (cg.enforced if cg else {}) else None
 
+        try:
+            command = self._command(launch, job_dir, env, token, enforced)
+        except RunnerError:
+            if cg is not None:
+                self.cgroups.remove(job_id)
+            raise
         spec = {
             "job_id": job_id, "uid": launch.uid, "gid": launch.gid, "extra_gids": list(launch.extra_gids),
-            "workdir": launch.workdir, "log_path": launch.log_path, "env": env,
-            "argv": _interpreter(launch.script), "cgroup_procs": cg.procs_files if cg else [],
-            "rlimit_as": rlimit_as,
+            "workdir": launch.workdir, "log_path": launch.log_path, "env": command.env,
+            "argv": command.argv, "script_arg": command.script_arg, "cgroup_procs": cg.procs_files if cg else [],
+            "rlimit_as": rlimit_as if command.rlimit_as_ok else None,
             "lease_path": launch.lease_path, "lease_s": launch.lease_s,
         }
         fd = os.open(job_dir / "launch.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -164,9 +182,18 @@ class NativeRunner:
             "started_at": time.time(), "cgroup_version": cg.version if cg else None,
             "cgroups": dict(cg.paths) if cg else {}, "enforced": enforced,
             "limits": {"cpus": launch.cpus, "mem_bytes": launch.mem_bytes, "pids_max": self.cgroups.pids_max if cg else None},
+            **command.state,
         }
         self._runs[job_id] = _Run(state, shim)
         return dict(state)
+
+    def _command(self, launch: Launch, job_dir: Path, env: dict[str, str], token: str, enforced: dict) -> "Command":
+        """What the shim runs as the tenant: the script's interpreter, given the script as
+        /dev/fd/N (a container runner runs podman instead)."""
+        if launch.container is not None:  # never run a container job natively
+            raise RunnerError(f"container={launch.container}: containers are off on this node "
+                              "([CONTAINERS] enabled = false)")
+        return Command(_interpreter(launch.script), env, script_arg=True)
 
     def _denied_devices(self, launch: Launch) -> list[tuple[str, int, int]]:
         others = tuple(i for i in launch.all_gpu_indices if i not in launch.gpu_indices)

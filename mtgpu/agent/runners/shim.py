@@ -127,8 +127,10 @@ def _child(spec, log_fd, script_fd, err_w, go_r):
         step = "change to the working directory %s" % spec["workdir"]
         os.chdir(spec["workdir"])
         step = "run %s" % spec["argv"][0]
-        os.set_inheritable(script_fd, True)
-        argv = list(spec["argv"]) + ["/dev/fd/%d" % script_fd]
+        argv = list(spec["argv"])
+        if spec.get("script_arg", True):
+            os.set_inheritable(script_fd, True)
+            argv.append("/dev/fd/%d" % script_fd)
         os.execve(argv[0], argv, spec["env"])
     except BaseException as e:  # report to the shim, which records it as the reason
         try:

@@ -91,6 +91,11 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
 
     add_job_routes(app, service, identify)
 
+    @app.post("/v1/podman/env")
+    def podman_env(request: Request) -> dict:
+        """The environment the caller's podman runs with here (prepared on first call)."""
+        return service.podman_env(caller(request))
+
     @app.get("/v1/nodes")
     def nodes(request: Request) -> list[dict]:
         return service.nodes(caller(request))

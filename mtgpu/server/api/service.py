@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fastapi.concurrency import run_in_threadpool
 
+from ...agent.podman.tenant import PODMAN, PodmanSetupError
 from ...jobfile import JobFileError, parse_job_file
 from ...model.job import Job, JobState
 from ...sched import check_satisfiable
@@ -93,12 +94,6 @@ class MemberService:
             spec = parse_job_file(script, overrides)
         except JobFileError as e:
             raise ServiceError(422, f"job file refused: {e}", refused=True) from None
-        if spec.container is not None:
-            # Never run a container job natively without a word (and containers cannot be
-            # enabled in this version: [CONTAINERS] enabled = true is refused at start).
-            raise ServiceError(422, f"refused: container={spec.container}: container jobs are not available yet: this "
-                                    "version has no Podman runner, and no node can have [CONTAINERS] enabled = true "
-                                    "until it has; drop container= to run the job natively", refused=True)
         if workdir and not spec.workdir:
             spec = replace(spec, workdir=workdir)
         elif spec.workdir and not spec.workdir.startswith("/"):
@@ -222,6 +217,23 @@ class MemberService:
         return LogSource(job_id, rank, node, self.state_dir / job.rank_log_path(rank), job.state.final,
                          job.state.value)
 
+    def podman_env(self, caller: Caller) -> dict:
+        """mt-podman: the caller's rootless podman settings on this node, prepared now
+        when needed (agent/podman/tenant.py)."""
+        setup = self.member.agent.containers
+        if setup is None:
+            raise ServiceError(409, f"containers are off on {self.node_name} ([CONTAINERS] enabled = false); an admin "
+                                    "sets [CONTAINERS] enabled = true")
+        if caller.uid < 1000:
+            raise ServiceError(403, f"{caller.name} is a system account: mt-podman is for tenants")
+        home = home_of(caller.uid, str(Path(self.config.TENANT_HOME_ROOT) / caller.name))
+        try:
+            t = setup.podman.prepare(caller.uid, caller.gid, home)
+            setup.podman.ensure_pause(t)
+        except (PodmanSetupError, OSError) as e:
+            raise ServiceError(500, f"podman could not be prepared for {caller.name}: {e}") from None
+        return {"env": t.env(), "podman": PODMAN}
+
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's
         telemetry; a member that does not schedule asks the one that does)."""
@@ -260,6 +272,7 @@ class MemberService:
                 "cpu_util_pct": tel.host.cpu_util_pct if tel and tel.host else None,
                 "reported_at": tel.reported_at if tel else None,
                 "running_jobs": [j.id for j in running if any(a.node == node.name for a in j.allocations)],
+                "containers": rec.containers,
                 "gpus": [{
                     "index": g.index, "vendor": g.vendor, "model": models[node.name].get(g.index, g.model),
                     "vram_total_bytes": g.vram_total_bytes, "vram_used_bytes": g.vram_used_measured_bytes,

@@ -180,6 +180,7 @@ class AgentLoop:
             all_gpu_indices=tuple(sorted(self.agent.gpu_indices())),
             lease_path=str(self.lease.path) if self.lease else None,
             lease_s=self.lease.timeout_s if self.lease else None,
+            container=job.spec.container,
         )
         try:
             enforced = self.agent.start(launch, attempt=job.attempt)

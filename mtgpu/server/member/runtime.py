@@ -149,7 +149,8 @@ class Member:
         gpus = [{"index": g.index, "vendor": g.vendor, "model": g.model, "vram_total_bytes": g.vram_total_bytes}
                 for g in tel.gpus]
         wanted = {"gpus": gpus, "cpus": float(tel.host.cpu_count), "mem_total_bytes": tel.host.mem_total_bytes,
-                  "address": self.config.LISTEN}
+                  "address": self.config.LISTEN,
+                  "containers": self.agent.containers.capabilities() if self.agent.containers else None}
         rec = self.store.machine.nodes.get(self.node_name)
         if rec is not None and all(rec.to_dict()[k] == v for k, v in wanted.items()):
             return

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import math
 
-from ...model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob, RunningAlloc, TenantUsage
+from ...model.cluster import ClusterSnapshot, GpuView, NodeContainers, NodeView, PendingJob, RunningAlloc, TenantUsage
 from ...model.gpu import GpuInfo, HostInfo, normalize_model
 from ...model.job import JobState
 from ...state.machine import StateMachine
@@ -57,6 +57,8 @@ def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry]) -
             mem_available_measured_bytes=measured.host.mem_available_bytes if measured and measured.host else None,
             schedulable=not reason,
             unschedulable_reason=reason,
+            containers=None if rec.containers is None else NodeContainers(
+                frozenset(rec.containers.get("images", ())), bool(rec.containers.get("user_images"))),
         ))
     running = [
         RunningAlloc(job.id, job.allocations,

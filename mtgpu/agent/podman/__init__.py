@@ -1,0 +1,1 @@
+"""Rootless Podman for tenants: settings, CDI, staged images."""

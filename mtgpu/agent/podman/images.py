@@ -1,0 +1,196 @@
+"""Images staged once: content-addressed archives a tenant's first use loads into its own
+rootless store.
+
+A root-owned shared image store cannot run rootless containers on this Podman
+(TESTING.md), so the node keeps each image as a `podman save` archive named by the
+SHA-256 of its bytes (`sha256-HEX.tar`), with `index.json` mapping image names to
+digests. `stage()` (root) takes an image from root's store or pulls it (with
+`[CONTAINERS] registry_auth_file`, which only root reads) and archives it;
+`ensure_loaded()` verifies an archive's digest before a tenant's podman loads it (an
+archive that fails its digest is never loaded) and remembers what each tenant has.
+`fetch_from()` takes an archive from another member (members.py streams it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .tenant import PODMAN, TenantPodman, last_error
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+INDEX = "index.json"
+
+
+class ImageError(RuntimeError):
+    """An image could not be staged, verified or loaded; the message names it and why."""
+
+
+@dataclass
+class StageState:
+    """Where each configured image stands on this node."""
+
+    ready: dict[str, str] = field(default_factory=dict)  # name -> digest "sha256:HEX"
+    failed: dict[str, str] = field(default_factory=dict)  # name -> why
+    busy: set[str] = field(default_factory=set)
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(CHUNK)
+            if not b:
+                break
+            h.update(b)
+    return "sha256:" + h.hexdigest()
+
+
+class ImageStore:
+    def __init__(self, directory: Path, root_env: dict[str, str], auth_file: Path | None = None):
+        self.dir = Path(directory)
+        self.root_env = root_env
+        self.auth_file = auth_file
+        self.state = StageState()
+        self._lock = threading.Lock()
+        self._loaded: dict[int, set[str]] = {}  # uid -> digests loaded into its store
+
+    # ------------------------------------------------------------ the index
+    def setup(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o711)
+        for name, digest in self._read_index().items():
+            if self.archive(digest).exists():
+                self.state.ready[name] = digest
+
+    def archive(self, digest: str) -> Path:
+        algo, _, hexd = digest.partition(":")
+        if algo != "sha256" or len(hexd) != 64 or not all(c in "0123456789abcdef" for c in hexd):
+            raise ImageError(f"{digest!r} is not a sha256 digest")
+        return self.dir / f"sha256-{hexd}.tar"
+
+    def _read_index(self) -> dict[str, str]:
+        try:
+            doc = json.loads((self.dir / INDEX).read_text())
+            return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _record(self, name: str, digest: str) -> None:
+        with self._lock:
+            index = self._read_index()
+            index[name] = digest
+            tmp = self.dir / (INDEX + ".tmp")
+            tmp.write_text(json.dumps(index, indent=1, sort_keys=True))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.dir / INDEX)
+            self.state.ready[name] = digest
+            self.state.failed.pop(name, None)
+
+    def digest_of(self, name: str) -> str | None:
+        return self.state.ready.get(name)
+
+    # ------------------------------------------------------------ staging (root)
+    def _root_podman(self, args: list[str], timeout_s: float = 1800) -> subprocess.CompletedProcess:
+        return subprocess.run([PODMAN, *args], env=self.root_env, capture_output=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, cwd="/")
+
+    def stage(self, name: str) -> str:
+        """Archive `name` from root's store, pulling it first when it is not there;
+        returns its digest. Raises ImageError with podman's message."""
+        with self._lock:
+            self.state.busy.add(name)
+        try:
+            if self._root_podman(["image", "exists", name], 60).returncode != 0:
+                args = ["pull", "--quiet"]
+                if self.auth_file is not None:
+                    args += ["--authfile", str(self.auth_file)]
+                r = self._root_podman(args + [name])
+                if r.returncode != 0:
+                    raise ImageError(f"image {name}: could not pull it: {last_error(r)}")
+            tmp = self.dir / f".staging-{os.getpid()}-{threading.get_ident()}.tar"
+            tmp.unlink(missing_ok=True)
+            r = self._root_podman(["save", "--quiet", "--format", "docker-archive", "-o", str(tmp), name])
+            if r.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise ImageError(f"image {name}: could not save it: {last_error(r)}")
+            digest = self.adopt(tmp)
+            self._record(name, digest)
+            return digest
+        except ImageError as e:
+            with self._lock:
+                self.state.failed[name] = str(e)
+            raise
+        except (OSError, subprocess.TimeoutExpired) as e:
+            with self._lock:
+                self.state.failed[name] = f"image {name}: {e}"
+            raise ImageError(f"image {name}: {e}") from e
+        finally:
+            with self._lock:
+                self.state.busy.discard(name)
+
+    def adopt(self, tmp: Path, expect: str | None = None) -> str:
+        """Move a finished archive to its content address; with `expect`, it must match."""
+        digest = file_digest(tmp)
+        if expect is not None and digest != expect:
+            tmp.unlink(missing_ok=True)
+            raise ImageError(f"the archive's digest is {digest}, not the {expect} asked for: discarded, never loaded")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.archive(digest))
+        return digest
+
+    def stage_all(self, names: list[str]) -> None:
+        """Stage every name not staged yet (each failure is logged and kept, never fatal)."""
+        for name in names:
+            if name in self.state.ready:
+                continue
+            t0 = time.monotonic()
+            try:
+                digest = self.stage(name)
+                log.info("staged image %s as %s in %.1fs", name, digest[:19], time.monotonic() - t0)
+            except ImageError as e:
+                log.warning("%s", e)
+
+    def start_staging(self, names: list[str]) -> threading.Thread:
+        t = threading.Thread(target=self.stage_all, args=(list(names),), name="image-staging", daemon=True)
+        t.start()
+        return t
+
+    # ------------------------------------------------------------ loading (as the tenant)
+    def ensure_loaded(self, tenant: TenantPodman, name: str) -> str | None:
+        """Make `name` present in the tenant's store when it is a staged image (loaded from
+        its verified archive on first use); returns the digest, or None when the image is
+        not a staged one (the tenant's own image: podman finds it or says why)."""
+        digest = self.state.ready.get(name)
+        if digest is None:
+            return None
+        if digest in self._loaded.get(tenant.uid, set()):
+            return digest
+        if tenant.run(["image", "exists", name], timeout_s=60).returncode == 0:
+            self._loaded.setdefault(tenant.uid, set()).add(digest)
+            return digest
+        path = self.archive(digest)
+        if not path.exists():
+            raise ImageError(f"image {name}: its archive {path} is gone; the node stages it again at its next start")
+        got = file_digest(path)
+        if got != digest:
+            raise ImageError(f"image {name}: the archive {path} has digest {got}, not {digest}: it was changed on "
+                             "disk and is never loaded; remove it and restart the node to stage the image again")
+        with open(path, "rb") as f:
+            r = tenant.run(["load", "--quiet"], timeout_s=1800, stdin=f)
+        if r.returncode != 0:
+            raise ImageError(f"image {name}: podman load failed: {last_error(r)}")
+        self._loaded.setdefault(tenant.uid, set()).add(digest)
+        return digest
+
+    def forget_loaded(self, uid: int) -> None:
+        self._loaded.pop(uid, None)

@@ -1,0 +1,254 @@
+"""The container runner: a `container=IMAGE` job runs `podman run` as its tenant
+(rootless, the tenant's own store) under the same shim as a native job.
+
+The shim (shim.py) drops to the tenant and runs podman in the job's cgroups, so the
+container's processes (conmon, the job) stay in them: the job's cgroup limits, tree kill,
+fencing, the exit record and re-attach after a server restart are the native job's. On
+cgroup v1 rootless podman cannot set limits itself, so `cpus=`/`mem=` are the enclosing
+job cgroup's; on cgroup v2 they are also given to podman (`--cpus`, `--memory`).
+
+What a container gets (docs/CONTAINERS.md):
+- `--userns=keep-id`: the tenant's uid/gid inside; `--pull=never`: nothing is downloaded
+  when a job starts; `--init`: signals (cancel, time limit) reach the job as natively;
+  labels mtgpu.job / mtgpu.node / mtgpu.run; `--rm`, and removed by name by cleanup().
+- the home at its own path (read-write); DATASETS_DIRECTORIES and PYTHON_INTERPRETERS roots
+  read-only; the tenant's cache volume at /mtgpu-cache (PIP_CACHE_DIR, HF_HOME, TORCH_HOME).
+- its GPUs as CDI devices, and the visibility variables renumbered to what the container
+  sees (its GPUs are devices 0..k-1 there) in the container's own environment, which
+  `podman exec` sessions also get (CDI's env reaches the main process only).
+- `--shm-size`: the job's `mem=` when given (shared memory is charged to the job's memory
+  anyway), else half of the machine's memory: PyTorch data loaders need far more than
+  podman's 64 MiB default.
+- `nodes=N` jobs use the host network (the rendezvous port must be reachable); one-node
+  jobs `[CONTAINERS] network`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import shutil
+import subprocess
+from pathlib import Path
+
+from mtgpu.agent.podman.cdi import CdiSpec
+from mtgpu.agent.podman.images import ImageError, ImageStore
+from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, last_error
+from mtgpu.agent.runners.base import ExitInfo, Launch, RunnerError
+from mtgpu.agent.runners.native import Command, NativeRunner, _interpreter
+from mtgpu.model.gpu import VISIBILITY_VARS
+
+log = logging.getLogger(__name__)
+
+CACHE_MOUNT = "/mtgpu-cache"
+SCRIPT_MOUNT = "/.mtgpu/job"
+PODMAN_ERROR_EXIT = 125  # podman's own failure (not the job's)
+PODMAN_EXITS = (125, 126, 127)  # podman's, or the runtime's, when its `Error:` line ends the log
+
+
+def container_name(job_id: int, token: str) -> str:
+    return f"mtgpu-job{job_id}-{token[:10]}"
+
+
+def shm_bytes(mem_bytes: int | None) -> int:
+    if mem_bytes:
+        return mem_bytes
+    try:
+        return max(64 << 20, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+def _renumbered(env: dict[str, str]) -> dict[str, str]:
+    """Inside, a container's k GPUs are its devices 0..k-1."""
+    out = dict(env)
+    for names in VISIBILITY_VARS.values():
+        for var in names:
+            value = env.get(var)
+            if value:
+                out[var] = ",".join(str(i) for i in range(len(value.split(","))))
+    return out
+
+
+class ContainerRunner(NativeRunner):
+    """Native jobs as NativeRunner; `launch.container` jobs in rootless Podman."""
+
+    def __init__(self, state_dir: Path, *, node_name: str, podman: PodmanHost, images: ImageStore,
+                 cdi: CdiSpec | None, read_only: list[str], cache_volume: str, network: str, **kw):
+        super().__init__(state_dir, **kw)
+        self.node_name = node_name
+        self.podman = podman
+        self.images = images
+        self.cdi = cdi
+        self.read_only = [p for p in read_only]
+        self.cache_volume = cache_volume
+        self.network = network
+
+    # ------------------------------------------------------------ start
+    def _command(self, launch: Launch, job_dir: Path, env: dict[str, str], token: str, enforced: dict) -> Command:
+        if launch.container is None:
+            return super()._command(launch, job_dir, env, token, enforced)
+        image = launch.container
+        try:
+            tenant = self.podman.prepare(launch.uid, launch.gid, launch.home)
+            self.podman.ensure_pause(tenant)
+            digest = self.images.ensure_loaded(tenant, image)
+        except (PodmanSetupError, ImageError, OSError, subprocess.TimeoutExpired) as e:
+            raise RunnerError(str(e)) from e
+        files = self.podman.root / "jobs" / str(launch.job_id)
+        shutil.rmtree(files, ignore_errors=True)
+        files.mkdir(mode=0o700)
+        os.chown(files, launch.uid, launch.gid)
+
+        inner = _renumbered(env)
+        inner.update({"PIP_CACHE_DIR": f"{CACHE_MOUNT}/pip", "HF_HOME": f"{CACHE_MOUNT}/huggingface",
+                      "TORCH_HOME": f"{CACHE_MOUNT}/torch", "MTGPU_CACHE_DIR": CACHE_MOUNT,
+                      "MTGPU_CONTAINER_IMAGE": image})
+        for k, v in inner.items():
+            if "\n" in v or "\0" in v or "=" in k:
+                raise RunnerError(f"the environment variable {k} has a newline in its value; a container cannot get it")
+        self._write_owned(files / "env", "".join(f"{k}={v}\n" for k, v in sorted(inner.items())), launch, 0o600)
+        self._write_owned(files / "script", launch.script, launch, 0o500)
+
+        name = container_name(launch.job_id, token)
+        gang = bool(env.get("MTGPU_NNODES"))
+        argv = [PODMAN, "run", "--rm", "--init", "--pull=never", "--userns=keep-id", "--name", name,
+                "--label", f"mtgpu.job={launch.job_id}", "--label", f"mtgpu.node={self.node_name}",
+                "--label", f"mtgpu.run={token}", "--network", "host" if gang else self.network,
+                "--env-file", str(files / "env"), "--workdir", launch.workdir,
+                "--shm-size", str(shm_bytes(launch.mem_bytes)),
+                "-v", f"{launch.home}:{launch.home}",
+                "-v", f"{self.cache_volume}:{CACHE_MOUNT}",
+                "-v", f"{files / 'script'}:{SCRIPT_MOUNT}:ro"]
+        for path in self.read_only:
+            if os.path.exists(path):
+                argv += ["-v", f"{path}:{path}:ro"]
+        if launch.gpu_indices:
+            if self.cdi is None:
+                raise RunnerError("this node has no CDI spec for its GPUs; a container cannot be given GPUs here")
+            try:
+                argv += self.cdi.device_args(launch.gpu_indices)
+            except KeyError as e:
+                raise RunnerError(str(e.args[0])) from None
+        limits = "the job's cgroup around the container"
+        if self.cgroups.version == "v2":
+            if launch.cpus:
+                argv += ["--cpus", f"{launch.cpus:g}"]
+            if launch.mem_bytes:
+                argv += ["--memory", str(launch.mem_bytes)]
+            limits = "podman (cgroup v2) and the job's cgroup"
+        interp = _interpreter(launch.script)
+        if launch.script.startswith("#!"):
+            argv += [image, *interp, SCRIPT_MOUNT]
+        else:  # bash when the image has it (as natively), else its sh
+            argv += [image, "/bin/sh", "-c", 'if [ -x /bin/bash ]; then exec /bin/bash "$0"; fi; exec /bin/sh "$0"',
+                     SCRIPT_MOUNT]
+        penv = tenant.env()
+        penv.update({"MTGPU_JOB_ID": str(launch.job_id), "MTGPU_RUN_TOKEN": token, "USER": env.get("USER", ""),
+                     "LOGNAME": env.get("LOGNAME", "")})
+        enforced["container"] = f"rootless podman, {image}" + (f" ({digest[:19]})" if digest else "")
+        enforced["container_limits"] = limits
+        if "memory" in enforced and enforced["memory"].startswith("setrlimit"):
+            enforced["memory"] = "not enforced (no memory cgroup; RLIMIT_AS would break podman)"
+            enforced.pop("mem_fallback", None)
+        state = {"runner": "podman", "container": {"name": name, "image": image, "digest": digest,
+                                                   "uid": launch.uid, "gid": launch.gid, "home": launch.home,
+                                                   "files": str(files)}}
+        return Command(argv, penv, script_arg=False, state=state, rlimit_as_ok=False)
+
+    @staticmethod
+    def _write_owned(path: Path, text: str, launch: Launch, mode: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, text.encode())
+            os.fchown(fd, launch.uid, launch.gid)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------ ends
+    def _exit_record(self, run) -> ExitInfo | None:
+        info = super()._exit_record(run)
+        c = run.state.get("container")
+        if info is None or c is None or info.exit_code not in PODMAN_EXITS or info.stopped or info.fenced:
+            return info
+        why = _podman_error_in_log(run.job_dir)
+        if why:
+            info.reason = f"podman could not run the container: {why}"
+        return info
+
+    def cleanup(self, job_id: int) -> None:
+        run = self._runs.get(job_id)
+        super().cleanup(job_id)
+        c = run.state.get("container") if run is not None else None
+        if not c:
+            return
+        ended = run.exit
+        if ended is not None and ended.natural and ended.signal is None and ended.exit_code != PODMAN_ERROR_EXIT:
+            removed = True  # podman run --rm removed it before it exited
+        else:
+            removed = self._remove_container(c)
+        if removed:
+            shutil.rmtree(c.get("files") or "", ignore_errors=True)
+
+    def _remove_container(self, c: dict) -> bool:
+        tenant = self.podman.tenant(c["uid"], c["gid"], c["home"])
+        try:
+            r = tenant.run(["rm", "--force", "--ignore", "--time", "0", c["name"]], timeout_s=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("container %s: could not remove it: %s", c["name"], e)
+            return False
+        if r.returncode != 0:
+            log.warning("container %s: could not remove it: %s", c["name"], last_error(r))
+            return False
+        return True
+
+    def sweep(self, active_tokens: set[str]) -> list[str]:
+        """Remove this node's containers that no known run owns (left by a crash);
+        returns their names. Looks in every tenant store made here."""
+        removed = []
+        users = self.podman.root / "users"
+        for d in sorted(users.iterdir()) if users.is_dir() else []:
+            if not d.name.isdigit() or not (d / "storage").is_dir():
+                continue
+            try:
+                account = pwd.getpwuid(int(d.name))
+            except KeyError:
+                continue  # the account is gone; its store goes with the tenant's removal
+            tenant = self.podman.tenant(account.pw_uid, account.pw_gid, account.pw_dir)
+            try:
+                r = tenant.run(["ps", "-a", "--filter", f"label=mtgpu.node={self.node_name}", "--format",
+                                '{{.Names}} {{index .Labels "mtgpu.run"}}'], timeout_s=60)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            for line in r.stdout.decode(errors="replace").splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[1] not in active_tokens:
+                    if self._remove_container({"uid": tenant.uid, "gid": tenant.gid, "home": tenant.home,
+                                               "name": parts[0]}):
+                        removed.append(parts[0])
+        return removed
+
+    def active_tokens(self) -> set[str]:
+        return {r.state.get("run_token", "") for r in self._runs.values()}
+
+
+def _podman_error_in_log(job_dir: Path) -> str:
+    """Podman's `Error:` line at the end of the job's log (the shim's launch.json names it)."""
+    try:
+        log_path = json.loads((job_dir / "launch.json").read_text())["log_path"]
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode(errors="replace")
+    except (OSError, ValueError, KeyError):
+        return ""
+    for line in reversed(tail.splitlines()):
+        if line.startswith("Error:"):
+            return line[len("Error:"):].strip()
+    return ""
+
+
+__all__ = ["ContainerRunner", "container_name", "shm_bytes"]

@@ -1,0 +1,41 @@
+"""mt-podman: podman as the calling tenant, with this node's rootless settings.
+
+    mt-podman ARGS...        e.g. mt-podman images, mt-podman load -i img.tar,
+                             mt-podman ps --filter label=mtgpu.job=12, mt-podman exec NAME sh
+
+The node prepares the tenant's podman (storage driver, containers.conf, runtime folder,
+subordinate ids) on first use; container jobs use the same store, so an image loaded or
+pulled here is one the tenant's jobs can run when `[CONTAINERS] allow_user_images = true`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..client.local import ClientError, LocalClient
+from .common import fail
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if os.geteuid() == 0:
+        fail("mt-podman runs podman as the calling tenant; root uses podman itself", 2)
+    try:
+        with LocalClient() as c:
+            got = c.podman_env()
+    except ClientError as e:
+        fail(e)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_") and k != "XDG_RUNTIME_DIR"}
+    env.update(got["env"])
+    env["HOME"] = os.environ.get("HOME") or got["env"]["HOME"]
+    podman = got.get("podman") or "podman"
+    try:
+        os.execve(podman, [podman, *args], env)
+    except OSError as e:
+        fail(f"could not run {podman}: {e}", 1)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Container jobs on real rootless Podman, as real tenants (issue 10): the tenant's uid
+inside, its home read-write, datasets read-only, the cache volume that outlives every
+container, only its GPUs (CDI, simulated GPUs with real device nodes) in the main
+process and in `podman exec`, cancel, time limit, exit status, a server restart, images
+staged once and refused when not offered, an archive that fails its digest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support.images import busybox_image, podman_missing
+from tests.support.node import running_node, wait_for
+from tests.support.users import can_create_users
+
+if can_create_users() or podman_missing():
+    pytest.skip(can_create_users() or podman_missing(), allow_module_level=True)
+
+GPUS2 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
+
+
+@pytest.fixture(scope="module")
+def image():
+    with busybox_image() as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def datasets():
+    d = Path(tempfile.mkdtemp(prefix="mtgpu-datasets-"))
+    os.chmod(d, 0o755)
+    (d / "imagenet.txt").write_text("pixels\n")
+    os.chmod(d / "imagenet.txt", 0o644)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cnode(image, datasets):
+    with running_node(GPUS2, DATASETS_DIRECTORIES=[str(datasets)],
+                      CONTAINERS={"enabled": True, "images": [image]}) as node:
+        wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
+        yield node
+
+
+def _staged(node) -> list[str]:
+    with node.client() as c:
+        for n in c.nodes():
+            if n["name"] == "node-a":
+                return (n.get("containers") or {}).get("staged", [])
+    return []
+
+
+def mt_podman(node, user, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return node.run_cli("mtgpu.cli.podman", user, *args, timeout_s=timeout_s)
+
+
+def log_of(node, user, job_id: int) -> str:
+    r = node.mt_job(user, "logs", str(job_id))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def container_of(node, user, job_id: int) -> str:
+    def name():
+        r = mt_podman(node, user, "ps", "--filter", f"label=mtgpu.job={job_id}", "--format", "{{.Names}}")
+        return r.stdout.strip()
+    return wait_for(f"the container of job {job_id}", name, timeout_s=30, interval_s=0.2)
+
+
+def test_a_container_job_runs_as_the_tenant_with_its_home_datasets_and_cache(cnode, alice, image, datasets):
+    script = (f"#MTGPU container={image}\n"
+              "echo uid=$(id -u) gid=$(id -g) home=$HOME pwd=$(pwd)\n"
+              "echo written > $HOME/from-container.txt\n"
+              f"cat {datasets}/imagenet.txt\n"
+              f"if echo x > {datasets}/new.txt; then echo dataset-writable; else echo dataset-read-only; fi\n"
+              "mkdir -p $PIP_CACHE_DIR && echo cached > $PIP_CACHE_DIR/probe\n"
+              "echo pip=$PIP_CACHE_DIR hf=$HF_HOME torch=$TORCH_HOME job=$MTGPU_JOB_ID\n")
+    jid = cnode.submit_json(alice, script=script)["job_id"]
+    job = cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+    out = log_of(cnode, alice, jid)
+    assert job["state"] == "completed", (job["reason"][:600], out)
+    assert f"uid={alice.uid} gid={alice.gid} home={alice.home} pwd={alice.home}" in out
+    f = Path(alice.home) / "from-container.txt"
+    assert f.read_text() == "written\n" and (f.stat().st_uid, f.stat().st_gid) == (alice.uid, alice.gid)
+    assert "pixels" in out and "dataset-read-only" in out and not (datasets / "new.txt").exists()
+    assert f"pip=/mtgpu-cache/pip hf=/mtgpu-cache/huggingface torch=/mtgpu-cache/torch job={jid}" in out
+    assert "container" in job.get("enforced", {}), job
+    # The cache volume outlives the container: a second job reads what the first left.
+    jid2 = cnode.submit_json(alice, "--container", image, "--wrap", "cat $PIP_CACHE_DIR/probe")["job_id"]
+    job2 = cnode.wait_state(jid2, {"completed", "failed"}, timeout_s=60)
+    assert job2["state"] == "completed" and "cached" in log_of(cnode, alice, jid2), (job2["reason"], log_of(cnode, alice, jid2))
+    # Nothing is left behind: --rm, and no container of the tenant's remains.
+    r = mt_podman(cnode, alice, "ps", "-a", "--format", "{{.Names}}")
+    assert r.returncode == 0 and r.stdout.strip() == "", r
+
+
+def test_two_jobs_on_one_node_see_disjoint_gpus_in_the_main_process_and_in_exec(cnode, alice, image):
+    flag = Path(alice.home) / "go-gpus"
+    script = (f"#MTGPU container={image} gpus=1\n"
+              "echo devices=$(ls /dev/mtgpu/node-a | tr '\\n' ' ') cuda=$CUDA_VISIBLE_DEVICES\n"
+              f"while [ ! -e {flag} ]; do sleep 0.1; done\n")
+    ids = [cnode.submit_json(alice, script=script)["job_id"] for _ in range(2)]
+    try:
+        for j in ids:
+            wait_for(f"job {j} to print its devices", lambda j=j: "devices=" in log_of(cnode, alice, j), timeout_s=60)
+        seen = []
+        for j in ids:
+            job = cnode.job(j)
+            gpu = job["gpus"][0]["index"]
+            main = log_of(cnode, alice, j)
+            assert f"devices=gpu{gpu} cuda=0" in main, main
+            name = container_of(cnode, alice, j)
+            r = mt_podman(cnode, alice, "exec", name, "sh", "-c", "echo $(ls /dev/mtgpu/node-a) $CUDA_VISIBLE_DEVICES")
+            assert r.returncode == 0 and r.stdout.split() == [f"gpu{gpu}", "0"], r
+            # the device node is real, with no driver behind it: ENXIO, not EPERM
+            r = mt_podman(cnode, alice, "exec", name, "sh", "-c", f"cat /dev/mtgpu/node-a/gpu{gpu}")
+            assert "No such device or address" in r.stderr, r
+            seen.append(gpu)
+        assert sorted(seen) == [0, 1]
+    finally:
+        flag.touch()
+    for j in ids:
+        assert cnode.wait_state(j, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+    flag.unlink()
+
+
+def test_exit_status_cancel_and_time_limit_behave_as_for_native_jobs(cnode, alice, image):
+    jid = cnode.submit_json(alice, "--container", image, "--wrap", "echo bye; exit 3")["job_id"]
+    job = cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+    assert job["state"] == "failed" and job["exit_code"] == 3 and "bye" in log_of(cnode, alice, jid)
+
+    jid = cnode.submit_json(alice, "--container", image, "--wrap", "echo started; sleep 300")["job_id"]
+    wait_for("the job to start", lambda: "started" in log_of(cnode, alice, jid), timeout_s=60)
+    name = container_of(cnode, alice, jid)
+    r = cnode.mt_job(alice, "cancel", str(jid))
+    assert r.returncode == 0, r.stderr
+    assert cnode.wait_state(jid, "cancelled", timeout_s=60)
+    wait_for("the cancelled job's container to be removed",
+             lambda: name not in mt_podman(cnode, alice, "ps", "-a", "--format", "{{.Names}}").stdout, timeout_s=30)
+
+    jid = cnode.submit_json(alice, "--container", image, "--time", "3s", "--wrap", "echo started; sleep 300")["job_id"]
+    job = cnode.wait_state(jid, {"failed", "completed", "cancelled"}, timeout_s=60)
+    assert job["state"] == "failed" and "time limit" in job["reason"], job
+
+
+def test_images_not_offered_are_refused_at_submit_and_nothing_is_queued(cnode, alice):
+    before = {j["id"] for j in json.loads(cnode.mt_job(alice, "list", "--json").stdout)}
+    r = cnode.mt_job(alice, "submit", "--container", "localhost/not-staged:1", "--wrap", "true")
+    assert r.returncode == 2, r
+    assert "localhost/not-staged:1" in r.stderr and "allow_user_images" in r.stderr and "staged" in r.stderr
+    after = {j["id"] for j in json.loads(cnode.mt_job(alice, "list", "--json").stdout)}
+    assert after == before
+
+
+def test_a_server_restart_reattaches_a_running_container_and_removes_one_left_behind(cnode, alice, image):
+    flag = Path(alice.home) / "go-restart"
+    jid = cnode.submit_json(alice, "--container", image, "--wrap",
+                            f"echo started; while [ ! -e {flag} ]; do sleep 0.1; done; echo finished; exit 7")["job_id"]
+    wait_for("the job to start", lambda: "started" in log_of(cnode, alice, jid), timeout_s=60)
+    name = container_of(cnode, alice, jid)
+    # a container of this node that no run owns (as a crash between start and record could leave)
+    r = mt_podman(cnode, alice, "create", "--pull=never", "--label", "mtgpu.node=node-a", "--label", "mtgpu.run=gone",
+                  "--name", "mtgpu-orphan", image, "true")
+    assert r.returncode == 0, r
+    cnode.kill9()
+    cnode.start()
+    assert cnode.job(jid)["state"] == "running"
+    try:
+        wait_for("the orphan to be removed",
+                 lambda: "mtgpu-orphan" not in mt_podman(cnode, alice, "ps", "-a", "--format", "{{.Names}}").stdout,
+                 timeout_s=60)
+    except AssertionError:
+        raise AssertionError(cnode.server_log()[-3000:]) from None
+    assert name in mt_podman(cnode, alice, "ps", "--format", "{{.Names}}").stdout  # the job's own still runs
+    flag.touch()
+    job = cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+    flag.unlink()
+    assert job["exit_code"] == 7 and "finished" in log_of(cnode, alice, jid)
+
+
+def test_an_archive_that_fails_its_digest_is_never_loaded(cnode, tenant, image):
+    archives = list((cnode.state_dir / "images").glob("sha256-*.tar"))
+    assert len(archives) == 1
+    archive = archives[0]
+    saved = archive.read_bytes()
+    try:
+        with open(archive, "ab") as f:
+            f.write(b"tampered")
+        jid = cnode.submit_json(tenant, "--container", image, "--wrap", "echo ran")["job_id"]
+        job = cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+        assert job["state"] == "failed" and "digest" in job["reason"] and "never loaded" in job["reason"], job
+        r = mt_podman(cnode, tenant, "images", "--format", "{{.Repository}}")
+        assert r.returncode == 0 and image.split(":")[0] not in r.stdout, r
+    finally:
+        archive.write_bytes(saved)
+    jid = cnode.submit_json(tenant, "--container", image, "--wrap", "echo ran")["job_id"]
+    assert cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+
+
+def test_mt_podman_is_the_tenants_own_store_and_another_tenant_sees_nothing_of_it(cnode, alice, bob, image):
+    assert mt_podman(cnode, alice, "image", "exists", image).returncode == 0  # loaded by alice's jobs
+    r = mt_podman(cnode, bob, "images", "--format", "{{.Repository}}")
+    assert r.returncode == 0 and image.split(":")[0] not in r.stdout
+    store = cnode.state_dir / "podman" / "users" / str(alice.uid) / "storage"
+    r = subprocess.run(["ls", str(store)], user=bob.uid, group=bob.gid, extra_groups=[], capture_output=True, text=True)
+    assert r.returncode != 0 and "Permission denied" in r.stderr
