@@ -6,10 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
-PACKAGES=(python3 python3-venv python3-dev gcc passwd util-linux procps openssh-server openssh-client tmux iproute2)
+# podman, uidmap, slirp4netns, catatonit, runc: rootless container jobs ([CONTAINERS]).
+PACKAGES=(python3 python3-venv python3-dev gcc passwd util-linux procps openssh-server openssh-client tmux iproute2
+          podman uidmap slirp4netns catatonit runc)
 EXTRA=""
 if [ "${1:-}" = "--test" ]; then
   EXTRA="[test]"
+  # test images are built offline from busybox; the image pre-stage test pulls from docker-registry
+  PACKAGES+=(busybox-static docker-registry)
 fi
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/install.sh: run as root (it installs packages and creates $VENV)" >&2
