@@ -49,7 +49,8 @@ class NodeRecord:
     registered_at: float = 0.0
     down: bool = False
     down_reason: str = ""
-    # None: containers off here; else {"images": [...], "staged": [...], "user_images": bool}
+    # None: containers off here; else {"images": [offered], "staged": {name: digest},
+    # "failed": {name: why}, "user_images": bool}
     containers: dict | None = None
 
     @property
@@ -188,7 +189,8 @@ class StateMachine(TenantCommands):
         old = self.nodes.get(name)
         if containers is not None:
             containers = {"images": [str(i) for i in containers.get("images", [])],
-                          "staged": [str(i) for i in containers.get("staged", [])],
+                          "staged": {str(k): str(v) for k, v in dict(containers.get("staged") or {}).items()},
+                          "failed": {str(k): str(v)[:500] for k, v in dict(containers.get("failed") or {}).items()},
                           "user_images": bool(containers.get("user_images", False))}
         rec = NodeRecord(name, [GpuInventory(**g) for g in gpus], float(cpus), int(mem_total_bytes),
                          address=address, registered_at=at, containers=containers)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.images import busybox_image, podman_missing
+from tests.support.cluster import running_cluster
 from tests.support.node import running_node, wait_for
 from tests.support.users import can_create_users
 
@@ -51,12 +52,12 @@ def cnode(image, datasets):
         yield node
 
 
-def _staged(node) -> list[str]:
+def _staged(node, member: str = "node-a") -> dict:
     with node.client() as c:
         for n in c.nodes():
-            if n["name"] == "node-a":
-                return (n.get("containers") or {}).get("staged", [])
-    return []
+            if n["name"] == member:
+                return (n.get("containers") or {}).get("staged") or {}
+    return {}
 
 
 def mt_podman(node, user, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
@@ -213,3 +214,39 @@ def test_mt_podman_is_the_tenants_own_store_and_another_tenant_sees_nothing_of_i
     store = cnode.state_dir / "podman" / "users" / str(alice.uid) / "storage"
     r = subprocess.run(["ls", str(store)], user=bob.uid, group=bob.gid, extra_groups=[], capture_output=True, text=True)
     assert r.returncode != 0 and "Permission denied" in r.stderr
+
+
+def test_a_member_without_the_image_fetches_it_verified_and_gangs_and_arrays_run_in_containers(alice, image):
+    """Per-node layout: m0 stages the image, m1 has none; a job placed on m1 waits while m1
+    fetches the archive from m0 (signed, streamed, digest verified), then runs. A gang
+    (nodes=2, host network) reaches its rendezvous port from the other member; an array
+    runs one container per index."""
+    one = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 1}]
+    with running_cluster(2, gpus=[one, one], settings=[{"CONTAINERS": {"enabled": True, "images": [image]}},
+                                                       {"CONTAINERS": {"enabled": True}}]) as cl:
+        m0, m1 = cl.members
+        wait_for("m0 to stage the image", lambda: image in _staged(m1, "m0"), timeout_s=120)
+        jid = m1.submit_json(alice, "--container", image, "--server", "m1", "--wrap", "echo on $MTGPU_NODE")["job_id"]
+        job = m1.wait_state(jid, {"completed", "failed"}, timeout_s=120)
+        assert job["state"] == "completed" and "on m1" in log_of(m1, alice, jid), job["reason"]
+        assert "fetched from m0 and verified" in m1.server_log()
+        digests = [sorted(p.name for p in (m.state_dir / "images").glob("sha256-*.tar")) for m in (m0, m1)]
+        assert digests[0] == digests[1] and len(digests[0]) == 1
+        wait_for("m1 to offer the image too", lambda: image in _staged(m0, "m1"), timeout_s=30)
+
+        gang = (f"#MTGPU container={image} nodes=2 gpus=1\n"
+                "if [ $MTGPU_NODE_RANK = 0 ]; then nc -l -p $MASTER_PORT > $HOME/gang-got; cat $HOME/gang-got\n"
+                "else for i in $(seq 1 100); do echo hello-from-rank1 | nc $MASTER_ADDR $MASTER_PORT && break; "
+                "sleep 0.2; done; fi\n"
+                "echo rank=$MTGPU_NODE_RANK of $MTGPU_NNODES on $MTGPU_NODE\n")
+        jid = m0.submit_json(alice, script=gang)["job_id"]
+        job = m0.wait_state(jid, {"completed", "failed"}, timeout_s=120)
+        rank0 = log_of(m0, alice, jid)
+        assert job["state"] == "completed" and "hello-from-rank1" in rank0, (job["reason"], rank0)
+        r = m0.mt_job(alice, "logs", "--rank", "1", str(jid))
+        assert "rank=1 of 2" in r.stdout, r
+
+        arr = m0.submit_json(alice, "--container", image, "--array", "0-3", "--wrap", "echo idx=$MTGPU_ARRAY_INDEX")
+        for i, j in enumerate(arr["job_ids"]):
+            assert m0.wait_state(j, {"completed", "failed"}, timeout_s=120)["state"] == "completed"
+            assert f"idx={i}" in log_of(m0, alice, j)

@@ -85,7 +85,7 @@ class ImageStore:
         except (OSError, ValueError):
             return {}
 
-    def _record(self, name: str, digest: str) -> None:
+    def record(self, name: str, digest: str) -> None:
         with self._lock:
             index = self._read_index()
             index[name] = digest
@@ -124,7 +124,7 @@ class ImageStore:
                 tmp.unlink(missing_ok=True)
                 raise ImageError(f"image {name}: could not save it: {last_error(r)}")
             digest = self.adopt(tmp)
-            self._record(name, digest)
+            self.record(name, digest)
             return digest
         except ImageError as e:
             with self._lock:

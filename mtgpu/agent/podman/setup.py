@@ -44,8 +44,9 @@ class ContainerSetup:
     def capabilities(self) -> dict:
         """What this member tells the cluster (node.register): the images it offers and
         which of them are staged here."""
-        return {"images": list(self.settings.images), "staged": sorted(self.images.state.ready),
-                "user_images": self.settings.allow_user_images}
+        st = self.images.state
+        return {"images": list(self.settings.images), "staged": dict(sorted(st.ready.items())),
+                "failed": dict(sorted(st.failed.items())), "user_images": self.settings.allow_user_images}
 
     def sweep_later(self) -> None:
         def sweep() -> None:

@@ -14,12 +14,13 @@ import json
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from ...model import logstream
 from ...state.store import ReplicationError
 from ..cluster.errors import ClusterSetupError
+from ..cluster.link import IMAGE_PATH
 from . import logs
 from .identity import Caller, caller_from_peer
 from .logs import LogResponse
@@ -259,6 +260,15 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
     async def nodes(request: Request) -> list[dict]:
         await verified(request)
         return await run_in_threadpool(service.nodes_view)
+
+    @app.get(IMAGE_PATH)
+    async def image_archive(digest: str, request: Request) -> FileResponse:
+        """An image archive this member staged, for a member that runs a job in it."""
+        await verified(request)
+        setup = service.member.agent.containers
+        if setup is None or digest not in setup.images.state.ready.values():
+            raise ServiceError(404, f"{service.node_name} has no staged image with digest {digest}")
+        return FileResponse(setup.images.archive(digest), media_type="application/x-tar")
 
     @app.get(logstream.MEMBER_LOG_STREAM_PATH, response_class=LogResponse)
     async def log(job_id: int, request: Request, offset: int = 0, tail: int | None = None,

@@ -57,6 +57,8 @@ MAJORITY_STALE_S = 1.5  # a scheduler that has not heard a majority for this lon
 JOIN_LOG_EVERY_S = 5.0
 RETRY_REPORT_S = 0.25
 LOG_READ_TIMEOUT_S = 30.0
+IMAGE_PATH = "/cluster/v1/images/{digest}"  # an image archive, streamed to another member
+IMAGE_READ_TIMEOUT_S = 60.0
 
 
 class PeerRefused(ClusterSetupError):
@@ -523,6 +525,26 @@ class ClusterLink:
             return self.call(leader, "GET", "/cluster/v1/nodes", timeout_s=3.0)
         except (httpx.HTTPError, ClusterSetupError):
             return None
+
+    def fetch_image(self, node_name: str, digest: str, dest: Path) -> None:
+        """Stream an image archive from the member `node_name` into `dest` (the caller
+        verifies its digest before keeping it). Raises OSError saying what failed."""
+        rec = self.store.machine.nodes.get(node_name)
+        if rec is None or not rec.address:
+            raise OSError(f"{node_name} is not a member with a known address")
+        path = IMAGE_PATH.format(digest=digest)
+        address = advertised(rec.address)
+        headers = self.signer.headers("GET", path, b"", self.node_name)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f, httpx.stream("GET", f"http://{address}{path}", headers=headers,
+                                                         timeout=httpx.Timeout(IMAGE_READ_TIMEOUT_S, connect=3.0)) as r:
+                if r.status_code >= 400:
+                    raise OSError(f"{address} answered {r.status_code} {r.read()[:300].decode('utf-8', 'replace')}")
+                for chunk in r.iter_raw(1 << 20):
+                    f.write(chunk)
+        except httpx.HTTPError as e:
+            raise OSError(f"{address}: {type(e).__name__}: {e}") from None
 
     async def open_log(self, node_name: str, job_id: int, offset: int, tail_lines: int | None,
                        rank: int) -> "RemoteLog":

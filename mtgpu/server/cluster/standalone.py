@@ -4,6 +4,8 @@ and has no other member to ask. `link.ClusterLink` is the real one."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Protocol
 
 from .errors import ClusterSetupError, LogUnavailable
@@ -46,6 +48,10 @@ class Link(Protocol):
 
     def raft_info(self) -> dict | None: ...
 
+    def fetch_image(self, node_name: str, digest: str, dest: Path) -> None:
+        """Stream an image archive from another member into `dest`; raises OSError."""
+        ...
+
 
 class StandaloneLink:
     """A standalone node: its own, only, permanent scheduler."""
@@ -84,3 +90,6 @@ class StandaloneLink:
 
     def raft_info(self) -> dict | None:
         return None
+
+    def fetch_image(self, node_name: str, digest: str, dest: Path) -> None:
+        raise OSError(f"image {digest} is kept by {node_name!r}, which is not this standalone node")

@@ -21,6 +21,7 @@ from ...agent.runners.base import ENDED, LOST, RUNNING, Launch, RunnerError
 from ...model.job import Job, JobState
 from ...state import commands as C
 from ...state.store import Store, try_commit
+from .image_gate import FAIL, WAIT, Fetch, ImageGate
 from .jobenv import job_env
 from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reconcile
 
@@ -39,7 +40,7 @@ class _Unsent:
 
 class AgentLoop:
     def __init__(self, store: Store, agent: LocalAgent, node_name: str, home_root: str, state_dir: Path,
-                 clock, advertise_host: str = "127.0.0.1", lease=None) -> None:
+                 clock, advertise_host: str = "127.0.0.1", lease=None, fetch_image: Fetch | None = None) -> None:
         self.store = store
         self.agent = agent
         self.node_name = node_name
@@ -53,6 +54,7 @@ class AgentLoop:
         self._next_log_sweep = 0.0
         self._jobs_known = 0
         self._node_vendors: set[str] = set()
+        self.images = ImageGate(agent.containers, fetch_image, node_name)
 
     # ------------------------------------------------------------ start-up
     def recover(self) -> None:
@@ -156,7 +158,25 @@ class AgentLoop:
                 return rank
         return None
 
+    def _image_ready(self, job: Job, rank: int) -> bool:
+        """A container job waits here until its image is (fetched, verified, staged)."""
+        with self.store.lock:
+            v = self.images.check(job.spec.container, self.store.machine)
+        if v.state == WAIT:
+            if job.reason != v.message:
+                try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, reason=v.message, attempt=job.attempt)
+            return False
+        if v.state == FAIL:
+            self._unsent[job.id] = _Unsent(C.JOB_FINISH, {
+                "job_id": job.id, "attempt": job.attempt, "rank": rank, "state": "failed",
+                "reason": f"could not start on {self.node_name}: {v.message}"})
+            self._send_reports()
+            return False
+        return True
+
     def _start(self, job: Job, rank: int) -> None:
+        if job.spec.container is not None and not self._image_ready(job, rank):
+            return
         master = None
         if len(job.allocations) > 1:
             if job.master_port is None:
@@ -191,7 +211,8 @@ class AgentLoop:
             self._send_reports()
             return
         if rank == 0:
-            try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, enforced=enforced, attempt=job.attempt)
+            note = {"reason": ""} if job.reason.startswith("staging image") else {}
+            try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, enforced=enforced, attempt=job.attempt, **note)
 
     def _send_reports(self) -> None:
         for job_id, rep in list(self._unsent.items()):

@@ -50,7 +50,8 @@ class Member:
             else None
         host = config.listen_host_port()[0]
         self.agent_loop = AgentLoop(store, agent, self.node_name, str(config.TENANT_HOME_ROOT), self.state_dir,
-                                    clock, advertise_host=host, lease=self.lease)
+                                    clock, advertise_host=host, lease=self.lease,
+                                    fetch_image=self.link.fetch_image if self.link.is_cluster else None)
         self.accounts = AccountsAgent(store, config, self.node_name, clock, config.CLUSTER_ID or self.node_name)
         self.local_telemetry: NodeTelemetry | None = None
         self._wake = threading.Event()
