@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mtgpu.model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob
+from mtgpu.model.cluster import ClusterSnapshot, GpuView, NodeContainers, NodeView, PendingJob
 from mtgpu.model.gpu import normalize_model
 from mtgpu.model.job import ArraySpec, GpuAlternative, GpuMode, JobSpec
 from mtgpu.model.units import parse_size
@@ -31,13 +31,14 @@ def make_gpu(index: int = 0, model: str = "rtx4090", vram: str | int = "24G", *,
 
 def make_node(name: str = "a", gpus: int | list[GpuView] = 0, model: str = "rtx4090", vram: str | int = "24G", *,
               cpus: float = 32, mem: str | int = "128G", cpus_committed: float = 0, mem_committed: str | int = 0,
-              mem_available: str | int | None = None, schedulable: bool = True, reason: str = "") -> NodeView:
+              mem_available: str | int | None = None, schedulable: bool = True, reason: str = "",
+              containers: NodeContainers | None = None) -> NodeView:
     gpu_list = gpus if isinstance(gpus, list) else [make_gpu(i, model, vram) for i in range(gpus)]
     return NodeView(
         name=name, gpus=gpu_list, cpus_total=cpus, mem_total_bytes=parse_size(mem), cpus_committed=cpus_committed,
         mem_committed_bytes=parse_size(mem_committed),
         mem_available_measured_bytes=None if mem_available is None else parse_size(mem_available),
-        schedulable=schedulable, unschedulable_reason=reason,
+        schedulable=schedulable, unschedulable_reason=reason, containers=containers,
     )
 
 
@@ -59,12 +60,13 @@ def parse_gpus(text: str | None) -> tuple[GpuAlternative, ...]:
 
 def make_spec(gpus: str | None = None, *, vram: str | None = None, cpus: float | None = None, mem: str | None = None,
               mode: str = "exclusive", server: str | None = None, nodes: int = 1, priority: float = 0.0,
-              time: float | None = None, array_max: int | None = None, array_n: int = 0) -> JobSpec:
+              time: float | None = None, array_max: int | None = None, array_n: int = 0,
+              container: str | None = None) -> JobSpec:
     return JobSpec(
         gpus=parse_gpus(gpus), vram_bytes=parse_size(vram) if vram else None, cpus=cpus,
         mem_bytes=parse_size(mem) if mem else None, gpu_mode=GpuMode(mode), server=server, nodes=nodes,
         priority=priority, time_limit_s=time,
-        array=ArraySpec(tuple(range(array_n)), array_max) if (array_max or array_n) else None,
+        array=ArraySpec(tuple(range(array_n)), array_max) if (array_max or array_n) else None, container=container,
     )
 
 
