@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.images import busybox_image, podman_missing
+from tests.support.images import busybox_image, busybox_rootfs, podman_missing
 from tests.support.cluster import running_cluster
 from tests.support.node import running_node, wait_for
 from tests.support.users import can_create_users
@@ -102,6 +102,18 @@ def test_a_container_job_runs_as_the_tenant_with_its_home_datasets_and_cache(cno
     # Nothing is left behind: --rm, and no container of the tenant's remains.
     r = mt_podman(cnode, alice, "ps", "-a", "--format", "{{.Names}}")
     assert r.returncode == 0 and r.stdout.strip() == "", r
+
+
+def test_cpus_and_mem_become_the_containers_limits_and_its_shared_memory(cnode, alice, image):
+    jid = cnode.submit_json(alice, "--container", image, "--cpus", "1", "--mem", "256M", "--wrap",
+                            "df -k /dev/shm | tail -1")["job_id"]
+    job = cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+    out = log_of(cnode, alice, jid)
+    assert job["state"] == "completed", (job["reason"], out)
+    assert out.split()[1] == str(256 * 1024), out  # /dev/shm is the job's mem= (KiB)
+    enforced = job["enforced"]
+    assert enforced["memory"].startswith("cgroup") and enforced["cpu"].startswith("cgroup"), enforced
+    assert "job's cgroup" in enforced["container_limits"]
 
 
 def test_two_jobs_on_one_node_see_disjoint_gpus_in_the_main_process_and_in_exec(cnode, alice, image):
@@ -211,6 +223,8 @@ def test_mt_podman_is_the_tenants_own_store_and_another_tenant_sees_nothing_of_i
     assert mt_podman(cnode, alice, "image", "exists", image).returncode == 0  # loaded by alice's jobs
     r = mt_podman(cnode, bob, "images", "--format", "{{.Repository}}")
     assert r.returncode == 0 and image.split(":")[0] not in r.stdout
+    r = mt_podman(cnode, bob, "ps", "-a", "--format", "{{.Names}}")
+    assert r.returncode == 0 and r.stdout.strip() == ""
     store = cnode.state_dir / "podman" / "users" / str(alice.uid) / "storage"
     r = subprocess.run(["ls", str(store)], user=bob.uid, group=bob.gid, extra_groups=[], capture_output=True, text=True)
     assert r.returncode != 0 and "Permission denied" in r.stderr
@@ -250,3 +264,20 @@ def test_a_member_without_the_image_fetches_it_verified_and_gangs_and_arrays_run
         for i, j in enumerate(arr["job_ids"]):
             assert m0.wait_state(j, {"completed", "failed"}, timeout_s=120)["state"] == "completed"
             assert f"idx={i}" in log_of(m0, alice, j)
+
+
+def test_with_allow_user_images_a_tenants_own_image_runs_and_a_missing_one_fails_with_podmans_message(tenant, base):
+    with running_node(GPUS2, CONTAINERS={"enabled": True, "allow_user_images": True}) as node:
+        rootfs = busybox_rootfs(base / "rootfs")
+        tar = base / "own.tar"
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
+        os.chmod(tar, 0o644)
+        r = mt_podman(node, tenant, "import", str(tar), "localhost/my-own:1")
+        assert r.returncode == 0, r
+        jid = node.submit_json(tenant, "--container", "localhost/my-own:1", "--wrap", "echo mine")["job_id"]
+        job = node.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+        assert job["state"] == "completed" and "mine" in log_of(node, tenant, jid), job["reason"]
+        jid = node.submit_json(tenant, "--container", "localhost/not-there:1", "--wrap", "echo never")["job_id"]
+        job = node.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+        assert job["state"] == "failed" and job["reason"].startswith("podman could not run the container"), job
+        assert "localhost/not-there:1" in job["reason"] and "never" not in log_of(node, tenant, jid)

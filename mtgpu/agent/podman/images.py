@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -96,6 +97,10 @@ class ImageStore:
             self.state.ready[name] = digest
             self.state.failed.pop(name, None)
 
+    def temp_path(self, what: str) -> Path:
+        """A file name no other writer uses, also on shared storage written by several nodes."""
+        return self.dir / f".{what}-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}.tar"
+
     def digest_of(self, name: str) -> str | None:
         return self.state.ready.get(name)
 
@@ -117,7 +122,7 @@ class ImageStore:
                 r = self._root_podman(args + [name])
                 if r.returncode != 0:
                     raise ImageError(f"image {name}: could not pull it: {last_error(r)}")
-            tmp = self.dir / f".staging-{os.getpid()}-{threading.get_ident()}.tar"
+            tmp = self.temp_path("staging")
             tmp.unlink(missing_ok=True)
             r = self._root_podman(["save", "--quiet", "--format", "docker-archive", "-o", str(tmp), name])
             if r.returncode != 0:

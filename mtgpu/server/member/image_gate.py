@@ -11,7 +11,6 @@ image". An image no member could stage fails the job with the members' reasons.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -104,7 +103,7 @@ class ImageGate:
 
     def _fetch(self, image: str, source: str, digest: str) -> None:
         store = self.setup.images
-        tmp = store.dir / f".fetching-{os.getpid()}-{threading.get_ident()}.tar"
+        tmp = store.temp_path("fetching")
         t0 = time.monotonic()
         try:
             self.fetch(source, digest, tmp)
