@@ -188,18 +188,19 @@ def kill_leftover_runs(state_dir: Path) -> None:
 def remove_container_leftovers(state_dir: Path, node_name: str) -> None:
     """What a node with containers made outside its folder: the tenants' runtime folders,
     its CDI spec and its simulated GPUs' device nodes (a killed server leaves them)."""
-    from mtgpu.agent.podman.cdi import CDI_DIR, remove_sim_nodes, slug
+    from mtgpu.agent.podman.cdi import CDI_DIR, remove_sim_nodes, spec_name
     from mtgpu.agent.podman.tenant import PodmanHost
 
-    runtime = PodmanHost(state_dir).runtime_root
-    if runtime.is_dir():
-        for d in runtime.iterdir():  # the tenants' processes are gone by now (user fixtures)
+    host = PodmanHost(state_dir)
+    if host.runtime_root.is_dir():
+        for d in host.runtime_root.iterdir():  # the tenants' processes are gone by now (user fixtures)
             with contextlib.suppress(OSError):
                 subprocess.run(["umount", "-R", "-l", str(d)], capture_output=True, timeout=30)
-        shutil.rmtree(runtime, ignore_errors=True)
-    for p in CDI_DIR.glob(f"mtgpu-{slug(node_name)}*"):
+        shutil.rmtree(host.runtime_root, ignore_errors=True)
+    name = spec_name(node_name, host.key)
+    for p in CDI_DIR.glob(f"mtgpu-{name}*"):
         p.unlink(missing_ok=True)
-    remove_sim_nodes(node_name)
+    remove_sim_nodes(name)
 
 
 @contextlib.contextmanager

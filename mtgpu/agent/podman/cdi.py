@@ -7,12 +7,13 @@
   libcuda/libnvidia-ml libraries and nvidia-smi mounted read-only at their own paths.
 - AMD: `/dev/kfd` and the GPU's render node; Intel: its render node.
 - Simulated GPUs: real character device nodes the node creates under
-  `/dev/mtgpu/NODE/gpuN`, with numbers from the majors reserved for local use (240), never
+  `/dev/mtgpu/NODE-KEY/gpuN`, with numbers from the majors reserved for local use (240), never
   those of a real device, so the whole path (spec, podman, runc, the node inside the
   container) runs without hardware. Opening one gives ENXIO: there is no driver.
 
 Rootless CDI needs each device node to exist on the host at the same path (TESTING.md).
-Two members on one machine (a test cluster) each have their own kind.
+Two members on one machine (a test cluster) each have their own kind, file and device
+folder: all named by the node's name and a key of its STATE_DIR (spec_name).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def slug(node_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", node_name)[:60] or "node"
 
 
+def spec_name(node_name: str, key: str) -> str:
+    """What names this member's spec, kind and device folder: its name and a key of its
+    STATE_DIR, so two members on one machine (even with one name) never share them."""
+    return f"{slug(node_name)}-{key}"
+
+
 @dataclass
 class CdiSpec:
     """What was written: the kind, the device name of each GPU index, and the file."""
@@ -60,20 +67,20 @@ class CdiSpec:
         return out
 
 
-def sim_device_number(node_name: str, index: int) -> tuple[int, int]:
-    return SIM_MAJOR, (zlib.crc32(node_name.encode()) % 1024) * 1024 + index
+def sim_device_number(name: str, index: int) -> tuple[int, int]:
+    return SIM_MAJOR, (zlib.crc32(name.encode()) % 1024) * 1024 + index
 
 
-def sim_device_path(node_name: str, index: int) -> str:
-    return f"/dev/mtgpu/{slug(node_name)}/gpu{index}"
+def sim_device_path(name: str, index: int) -> str:
+    return f"/dev/mtgpu/{name}/gpu{index}"
 
 
-def make_sim_nodes(node_name: str, indices: list[int]) -> list[str]:
-    """Create (or fix) the simulated GPUs' device nodes; returns their paths."""
+def make_sim_nodes(name: str, indices: list[int]) -> list[str]:
+    """Create (or fix) the simulated GPUs' device nodes (`name`: spec_name()); returns their paths."""
     paths = []
     for i in indices:
-        path = sim_device_path(node_name, i)
-        major, minor = sim_device_number(node_name, i)
+        path = sim_device_path(name, i)
+        major, minor = sim_device_number(name, i)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         try:
             st = os.lstat(path)
@@ -87,8 +94,8 @@ def make_sim_nodes(node_name: str, indices: list[int]) -> list[str]:
     return paths
 
 
-def remove_sim_nodes(node_name: str) -> None:
-    shutil.rmtree(f"/dev/mtgpu/{slug(node_name)}", ignore_errors=True)
+def remove_sim_nodes(name: str) -> None:
+    shutil.rmtree(f"/dev/mtgpu/{name}", ignore_errors=True)
     try:
         os.rmdir("/dev/mtgpu")
     except OSError:
@@ -114,22 +121,23 @@ def _render_node(index: int) -> str:
     return f"/dev/dri/renderD{128 + index}"
 
 
-def write_spec(node_name: str, vendor_by_index: dict[int, str], simulated: bool,
+def write_spec(name: str, vendor_by_index: dict[int, str], simulated: bool,
                cdi_dir: Path = CDI_DIR) -> CdiSpec:
-    """Write this node's spec for its GPUs (index -> vendor); returns what a job needs."""
-    kind = f"mtgpu.local/gpu-{slug(node_name)}"
+    """Write this member's spec for its GPUs (index -> vendor; `name`: spec_name()); returns
+    what a job needs."""
+    kind = f"mtgpu.local/gpu-{name}"
     indices = sorted(vendor_by_index)
     spec = CdiSpec(kind=kind, source="mtgpu")
     common: dict = {}
     devices: list[dict] = []
     if simulated:
-        spec.sim_nodes = make_sim_nodes(node_name, indices)
+        spec.sim_nodes = make_sim_nodes(name, indices)
         devices = [{"name": str(i), "containerEdits": {"deviceNodes": [{"path": p}]}}
                    for i, p in zip(indices, spec.sim_nodes)]
     else:
         nvidia = [i for i in indices if vendor_by_index[i] == "nvidia"]
         if nvidia and shutil.which("nvidia-ctk"):
-            return _nvidia_ctk(node_name, nvidia, cdi_dir)
+            return _nvidia_ctk(name, nvidia, cdi_dir)
         if nvidia:
             common, devices = _nvidia_own(nvidia)
         for i in indices:
@@ -140,7 +148,7 @@ def write_spec(node_name: str, vendor_by_index: dict[int, str], simulated: bool,
     spec.devices = {int(d["name"]): d["name"] for d in devices}
     doc = {"cdiVersion": "0.5.0", "kind": kind, "devices": devices, "containerEdits": common}
     cdi_dir.mkdir(parents=True, exist_ok=True)
-    path = cdi_dir / f"mtgpu-{slug(node_name)}.json"
+    path = cdi_dir / f"mtgpu-{name}.json"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     os.chmod(tmp, 0o644)
@@ -149,8 +157,8 @@ def write_spec(node_name: str, vendor_by_index: dict[int, str], simulated: bool,
     return spec
 
 
-def _nvidia_ctk(node_name: str, indices: list[int], cdi_dir: Path) -> CdiSpec:
-    path = cdi_dir / f"mtgpu-{slug(node_name)}-nvidia.yaml"
+def _nvidia_ctk(name: str, indices: list[int], cdi_dir: Path) -> CdiSpec:
+    path = cdi_dir / f"mtgpu-{name}-nvidia.yaml"
     cdi_dir.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(["nvidia-ctk", "cdi", "generate", f"--output={path}", "--device-name-strategy=index"],
                        capture_output=True, text=True, timeout=120)
@@ -159,11 +167,11 @@ def _nvidia_ctk(node_name: str, indices: list[int], cdi_dir: Path) -> CdiSpec:
     return CdiSpec(kind="nvidia.com/gpu", devices={i: str(i) for i in indices}, path=path, source="nvidia-ctk")
 
 
-def remove_spec(spec: CdiSpec, node_name: str) -> None:
+def remove_spec(spec: CdiSpec, name: str) -> None:
     if spec.path is not None:
         try:
             spec.path.unlink()
         except FileNotFoundError:
             pass
     if spec.sim_nodes:
-        remove_sim_nodes(node_name)
+        remove_sim_nodes(name)

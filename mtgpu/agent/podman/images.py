@@ -197,5 +197,10 @@ class ImageStore:
         self._loaded.setdefault(tenant.uid, set()).add(digest)
         return digest
 
+    def is_loaded(self, uid: int, name: str) -> bool:
+        """The staged image `name` is in this tenant's store (as far as this node knows)."""
+        digest = self.state.ready.get(name)
+        return digest is not None and digest in self._loaded.get(uid, set())
+
     def forget_loaded(self, uid: int) -> None:
         self._loaded.pop(uid, None)

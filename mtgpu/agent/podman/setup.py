@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..runners.podman import ContainerRunner
 from ..telemetry.base import GpuBackend
-from .cdi import CdiSpec, remove_spec, write_spec
+from .cdi import CdiSpec, remove_spec, spec_name, write_spec
 from .images import ImageStore
 from .tenant import PodmanHost, PodmanSetupError, podman_available
 
@@ -62,7 +62,7 @@ class ContainerSetup:
 
     def close(self) -> None:
         if self.cdi is not None:
-            remove_spec(self.cdi, self.node_name)
+            remove_spec(self.cdi, spec_name(self.node_name, self.podman.key))
 
 
 def open_tun(path: str = "/dev/net/tun") -> None:
@@ -87,8 +87,8 @@ def open_containers(state_dir: Path, node_name: str, settings: ContainerSettings
     if settings.network in ("slirp4netns", "pasta"):
         open_tun()
     gpus = backend.sample()
-    cdi = write_spec(node_name, {g.index: g.vendor for g in gpus}, simulated=backend.name == "simulated") \
-        if gpus else None
+    cdi = write_spec(spec_name(node_name, podman.key), {g.index: g.vendor for g in gpus},
+                     simulated=backend.name == "simulated") if gpus else None
     root_env = {"CONTAINERS_CONF": str(podman.root / "containers.conf"),
                 "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
     images = ImageStore(settings.images_dir or state_dir / "images", root_env, settings.registry_auth_file)

@@ -88,8 +88,8 @@ class PodmanHost:
 
     def __init__(self, state_dir: Path, runtime_base: Path = RUNTIME_BASE):
         self.root = Path(state_dir) / "podman"
-        key = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:10]
-        self.runtime_root = Path(runtime_base) / key
+        self.key = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:10]
+        self.runtime_root = Path(runtime_base) / self.key
         self._ready: set[int] = set()
 
     def setup(self) -> None:

@@ -159,9 +159,11 @@ class AgentLoop:
         return None
 
     def _image_ready(self, job: Job, rank: int) -> bool:
-        """A container job waits here until its image is (fetched, verified, staged)."""
+        """A container job waits here until its image is (fetched, verified, staged) and
+        in the tenant's own store."""
+        home = home_of(job.uid, str(Path(self.home_root) / job.tenant))
         with self.store.lock:
-            v = self.images.check(job.spec.container, self.store.machine)
+            v = self.images.check(job.spec.container, self.store.machine, (job.uid, job.gid, home))
         if v.state == WAIT:
             if job.reason != v.message:
                 try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, reason=v.message, attempt=job.attempt)

@@ -42,16 +42,19 @@ class ImageGate:
         self.node_name = node_name
         self._lock = threading.Lock()
         self._fetching: dict[str, str] = {}  # image -> the member it comes from
-        self._failed: dict[str, str] = {}  # image -> why the last fetch failed
+        self._failed: dict[str, str] = {}  # image (or "uid:image") -> why the last fetch (or load) failed
+        self._loading: set[tuple[int, str]] = set()
 
-    def check(self, image: str, machine: StateMachine) -> Verdict:
-        """Whether a job in `image` may start here now; starts a fetch when one is needed."""
+    def check(self, image: str, machine: StateMachine, tenant: tuple[int, int, str] | None = None) -> Verdict:
+        """Whether a job in `image` may start here now; starts a fetch when one is needed,
+        and (with `tenant` = (uid, gid, home)) the load of a staged image into the
+        tenant's store, so that no long podman load runs in the agent's loop."""
         setup = self.setup
         if setup is None:
             return Verdict(READY)  # the runner refuses it, saying containers are off here
         st = setup.images.state
         if image in st.ready:
-            return Verdict(READY)
+            return self._loaded(image, tenant) if tenant is not None else Verdict(READY)
         with self._lock:
             if image in self._fetching:
                 return Verdict(WAIT, f"staging image {image} (fetching it from {self._fetching[image]})")
@@ -92,6 +95,34 @@ class ImageGate:
             return Verdict(READY)
         return Verdict(FAIL, f"image {image} is not staged on any member and {self.node_name} does not run tenants' "
                              "own images ([CONTAINERS] allow_user_images = false)")
+
+    def _loaded(self, image: str, tenant: tuple[int, int, str]) -> Verdict:
+        uid = tenant[0]
+        key = (uid, image)
+        if self.setup.images.is_loaded(uid, image):
+            return Verdict(READY)
+        with self._lock:
+            if key in self._loading:
+                return Verdict(WAIT, f"staging image {image} (loading it into the tenant's store)")
+            failed = self._failed.pop(f"{uid}:{image}", None)
+            if failed:
+                return Verdict(FAIL, failed)
+            self._loading.add(key)
+        threading.Thread(target=self._load, args=(image, tenant), name=f"load-{uid}", daemon=True).start()
+        return Verdict(WAIT, f"staging image {image} (loading it into the tenant's store)")
+
+    def _load(self, image: str, tenant: tuple[int, int, str]) -> None:
+        uid, gid, home = tenant
+        try:
+            t = self.setup.podman.prepare(uid, gid, home)
+            self.setup.podman.ensure_pause(t)
+            self.setup.images.ensure_loaded(t, image)
+        except Exception as e:  # noqa: BLE001 - any failure fails the job waiting for it, with the reason
+            with self._lock:
+                self._failed[f"{uid}:{image}"] = str(e)
+        finally:
+            with self._lock:
+                self._loading.discard((uid, image))
 
     def _start_fetch(self, image: str, source: str, digest: str) -> None:
         with self._lock:
