@@ -63,9 +63,9 @@ def container_settings(config: Config) -> ContainerSettings | None:
             raise ClusterSetupError(f"[CONTAINERS] registry_auth_file = {str(c.registry_auth_file)!r}: {e.strerror}; "
                                     "give the path of a containers-auth.json") from None
         if st.st_uid != 0 or st.st_mode & 0o077:
-            raise ClusterSetupError(f"[CONTAINERS] registry_auth_file = {str(c.registry_auth_file)!r} is readable by "
-                                    f"others (mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}); it must be root's "
-                                    f"alone: chown root {c.registry_auth_file} && chmod 600 {c.registry_auth_file}")
+            raise ClusterSetupError(f"[CONTAINERS] registry_auth_file = {str(c.registry_auth_file)!r} is not root's "
+                                    f"alone (mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}); tenants must never "
+                                    f"read it: chown root {c.registry_auth_file} && chmod 600 {c.registry_auth_file}")
     shared = config.HOME_LAYOUT == "shared"
     read_only = [str(p) for p in config.DATASETS_DIRECTORIES] + [str(p.path) for p in config.PYTHON_INTERPRETERS]
     return ContainerSettings(

@@ -285,3 +285,22 @@ def test_with_allow_user_images_a_tenants_own_image_runs_and_a_missing_one_fails
         job = node.wait_state(jid, {"completed", "failed"}, timeout_s=60)
         assert job["state"] == "failed" and job["reason"].startswith("podman could not run the container"), job
         assert "localhost/not-there:1" in job["reason"] and "never" not in log_of(node, tenant, jid)
+
+
+def test_a_tenant_cannot_put_its_own_content_under_a_staged_images_name(cnode, bob, image):
+    """allow_user_images = false holds: a job in a staged image runs it by its id, so a
+    tenant that commits other content under the same name in its own store still gets
+    the staged image. (bob: a second `tenant` on this module's node could get a uid an
+    earlier one had.)"""
+    script = "cat /marker 2>/dev/null || echo no-marker\n"
+    jid = cnode.submit_json(bob, "--container", image, "--wrap", script)["job_id"]
+    assert cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+    assert "no-marker" in log_of(cnode, bob, jid)
+    r = mt_podman(cnode, bob, "run", "--pull=never", "--name", "own", image, "sh", "-c", "echo tenant-own > /marker")
+    assert r.returncode == 0, r
+    r = mt_podman(cnode, bob, "commit", "own", image)
+    assert r.returncode == 0, r
+    jid = cnode.submit_json(bob, "--container", image, "--wrap", script)["job_id"]
+    assert cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+    out = log_of(cnode, bob, jid)
+    assert "no-marker" in out and "tenant-own" not in out

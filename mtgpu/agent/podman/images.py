@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,23 @@ class StageState:
     busy: set[str] = field(default_factory=set)
 
 
+def archive_image_id(path: Path) -> str:
+    """The image id (its config's sha256) of a `podman save --format docker-archive` archive,
+    read from the archive's manifest.json: the id the image has in any store it is loaded into."""
+    with tarfile.open(path, "r:") as tar:
+        member = tar.extractfile("manifest.json")
+        if member is None:
+            raise ValueError("no manifest.json in the archive")
+        manifest = json.load(member)
+    config = str(manifest[0]["Config"])
+    hexd = config.rsplit("/", 1)[-1].removesuffix(".json")
+    if hexd.startswith("sha256:"):
+        hexd = hexd[len("sha256:"):]
+    if len(hexd) != 64 or not all(c in "0123456789abcdef" for c in hexd):
+        raise ValueError(f"the archive's config {config!r} does not name an image id")
+    return hexd
+
+
 def file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -64,6 +82,7 @@ class ImageStore:
         self.state = StageState()
         self._lock = threading.Lock()
         self._loaded: dict[int, set[str]] = {}  # uid -> digests loaded into its store
+        self._ids: dict[str, str] = {}  # archive digest -> the image id inside
 
     # ------------------------------------------------------------ the index
     def setup(self) -> None:
@@ -165,37 +184,56 @@ class ImageStore:
             except ImageError as e:
                 log.warning("%s", e)
 
+    def stage_retrying(self, names: list[str], first_wait_s: float = 30.0, max_wait_s: float = 600.0,
+                       stop: threading.Event | None = None) -> None:
+        """Stage every name; retry the ones that failed (a registry that was down when the
+        node started) with a growing wait, until each is staged or `stop` is set."""
+        wait = first_wait_s
+        stop = stop or threading.Event()
+        while True:
+            self.stage_all(names)
+            left = [n for n in names if n not in self.state.ready]
+            if not left or stop.wait(wait):
+                return
+            log.info("staging again in %.0fs: %s", wait, ", ".join(left))
+            wait = min(max_wait_s, wait * 2)
+
     def start_staging(self, names: list[str]) -> threading.Thread:
-        t = threading.Thread(target=self.stage_all, args=(list(names),), name="image-staging", daemon=True)
+        t = threading.Thread(target=self.stage_retrying, args=(list(names),), name="image-staging", daemon=True)
         t.start()
         return t
 
     # ------------------------------------------------------------ loading (as the tenant)
-    def ensure_loaded(self, tenant: TenantPodman, name: str) -> str | None:
-        """Make `name` present in the tenant's store when it is a staged image (loaded from
-        its verified archive on first use); returns the digest, or None when the image is
-        not a staged one (the tenant's own image: podman finds it or says why)."""
+    def ensure_loaded(self, tenant: TenantPodman, name: str) -> tuple[str, str] | None:
+        """Make the staged image `name` present in the tenant's store (loaded from its
+        verified archive on first use); returns (digest, image id), or None when the image
+        is not a staged one (the tenant's own image: podman finds it or says why).
+
+        Jobs run the image by its id, never by its name: a tenant can put anything under a
+        name in its own store (`podman tag`, `commit`), but not under a content-addressed id."""
         digest = self.state.ready.get(name)
         if digest is None:
             return None
-        if digest in self._loaded.get(tenant.uid, set()):
-            return digest
-        if tenant.run(["image", "exists", name], timeout_s=60).returncode == 0:
-            self._loaded.setdefault(tenant.uid, set()).add(digest)
-            return digest
         path = self.archive(digest)
-        if not path.exists():
-            raise ImageError(f"image {name}: its archive {path} is gone; the node stages it again at its next start")
-        got = file_digest(path)
-        if got != digest:
-            raise ImageError(f"image {name}: the archive {path} has digest {got}, not {digest}: it was changed on "
-                             "disk and is never loaded; remove it and restart the node to stage the image again")
-        with open(path, "rb") as f:
-            r = tenant.run(["load", "--quiet"], timeout_s=1800, stdin=f)
-        if r.returncode != 0:
-            raise ImageError(f"image {name}: podman load failed: {last_error(r)}")
+        image_id = self._ids.get(digest)
+        if image_id is None:
+            try:
+                image_id = self._ids[digest] = archive_image_id(path)
+            except (OSError, ValueError, KeyError, tarfile.TarError) as e:
+                raise ImageError(f"image {name}: its archive {path} cannot be read: {e}") from None
+        if digest in self._loaded.get(tenant.uid, set()):
+            return digest, image_id
+        if tenant.run(["image", "exists", image_id], timeout_s=60).returncode != 0:
+            got = file_digest(path)
+            if got != digest:
+                raise ImageError(f"image {name}: the archive {path} has digest {got}, not {digest}: it was changed "
+                                 "on disk and is never loaded; remove it and restart the node to stage the image again")
+            with open(path, "rb") as f:
+                r = tenant.run(["load", "--quiet"], timeout_s=1800, stdin=f)
+            if r.returncode != 0:
+                raise ImageError(f"image {name}: podman load failed: {last_error(r)}")
         self._loaded.setdefault(tenant.uid, set()).add(digest)
-        return digest
+        return digest, image_id
 
     def is_loaded(self, uid: int, name: str) -> bool:
         """The staged image `name` is in this tenant's store (as far as this node knows)."""

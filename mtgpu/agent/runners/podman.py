@@ -94,7 +94,7 @@ class ContainerRunner(NativeRunner):
         try:
             tenant = self.podman.prepare(launch.uid, launch.gid, launch.home)
             self.podman.ensure_pause(tenant)
-            digest = self.images.ensure_loaded(tenant, image)
+            staged = self.images.ensure_loaded(tenant, image)
         except (PodmanSetupError, ImageError, OSError, subprocess.TimeoutExpired) as e:
             raise RunnerError(str(e)) from e
         files = self.podman.root / "jobs" / str(launch.job_id)
@@ -140,10 +140,11 @@ class ContainerRunner(NativeRunner):
                 argv += ["--memory", str(launch.mem_bytes)]
             limits = "podman (cgroup v2) and the job's cgroup"
         interp = _interpreter(launch.script)
+        digest, run_as = (staged[0], staged[1]) if staged else (None, image)  # a staged image runs by its id
         if launch.script.startswith("#!"):
-            argv += [image, *interp, SCRIPT_MOUNT]
+            argv += [run_as, *interp, SCRIPT_MOUNT]
         else:  # bash when the image has it (as natively), else its sh
-            argv += [image, "/bin/sh", "-c", 'if [ -x /bin/bash ]; then exec /bin/bash "$0"; fi; exec /bin/sh "$0"',
+            argv += [run_as, "/bin/sh", "-c", 'if [ -x /bin/bash ]; then exec /bin/bash "$0"; fi; exec /bin/sh "$0"',
                      SCRIPT_MOUNT]
         penv = tenant.env()
         penv.update({"MTGPU_JOB_ID": str(launch.job_id), "MTGPU_RUN_TOKEN": token, "USER": env.get("USER", ""),
