@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import free_port_pair, member_name, running_cluster
+from tests.support.tenant_api import TenantCallError, TenantSession
 from tests.support.node import wait_for
 from tests.support.users import can_create_users
 
@@ -97,20 +98,21 @@ def test_killing_the_scheduler_loses_no_job_and_runs_one_twice_only_as_documente
         submitter = next(m for m in cl.members if m is not sched)
         script = "#!/bin/bash\n" + RUN_MARKS.format(marks=marks, body="sleep 0.2\n")
         ids = []
-        for k in range(200):
-            if k == 80:
-                sched.kill9()  # the scheduler dies mid-way...
-            if k == 120:
-                sched.start(wait=False)  # ...and its service manager restarts it
-            for attempt in range(50):
-                r = submitter.mt_job(alice, "submit", "--json", "-", input=script)
-                if r.returncode == 0:
-                    ids.append(json.loads(r.stdout)["job_id"])
-                    break
-                assert r.returncode != 2, r.stderr
-                time.sleep(0.1)  # an election is running: the CLI says so; try again
-            else:
-                raise AssertionError(f"submission {k} failed: {r.stderr}")
+        with TenantSession(submitter.socket_path, alice) as tenant:  # one process, not 200 CLI starts
+            for k in range(200):
+                if k == 80:
+                    sched.kill9()  # the scheduler dies mid-way...
+                if k == 120:
+                    sched.start(wait=False)  # ...and its service manager restarts it
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        ids.append(tenant.call("submit", script, {}, workdir=alice.home)["job_id"])
+                        break
+                    except TenantCallError as e:
+                        assert not e.refused, str(e)
+                        assert time.monotonic() < deadline, f"submission {k} failed for 60s: {e}"
+                        time.sleep(0.1)  # an election is running: the node says so; try again
         sched.wait_up()
         assert len(set(ids)) == 200
         with submitter.client() as c:

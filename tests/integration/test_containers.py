@@ -45,7 +45,9 @@ def datasets():
 
 
 @pytest.fixture(scope="module")
-def cnode(image, datasets):
+def cnode(image, datasets, alice, bob):
+    # alice and bob first: a function-scoped `tenant` made before them would leave its uid
+    # to one of them, and the node knows that uid as the earlier tenant's
     with running_node(GPUS2, DATASETS_DIRECTORIES=[str(datasets)],
                       CONTAINERS={"enabled": True, "images": [image]}) as node:
         wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
@@ -252,10 +254,18 @@ def test_a_member_without_the_image_fetches_it_verified_and_gangs_and_arrays_run
         assert digests[0] == digests[1] and len(digests[0]) == 1
         wait_for("m1 to offer the image too", lambda: image in _staged(m0, "m1"), timeout_s=30)
 
+        # Rank 0 listens on the rendezvous port until rank 1's line arrives (a connection
+        # without it, e.g. one made before it listened, is ignored), then acknowledges in the
+        # shared home; rank 1 sends until acknowledged. Both bounded.
         gang = (f"#MTGPU container={image} nodes=2 gpus=1\n"
-                "if [ $MTGPU_NODE_RANK = 0 ]; then nc -l -p $MASTER_PORT > $HOME/gang-got; cat $HOME/gang-got\n"
-                "else for i in $(seq 1 100); do echo hello-from-rank1 | nc $MASTER_ADDR $MASTER_PORT && break; "
-                "sleep 0.2; done; fi\n"
+                "got=$HOME/gang-$MTGPU_JOB_ID; ack=$HOME/gang-ack-$MTGPU_JOB_ID\n"
+                "if [ $MTGPU_NODE_RANK = 0 ]; then\n"
+                "  for i in $(seq 1 60); do timeout 5 nc -l -p $MASTER_PORT > $got; "
+                "grep -q hello-from-rank1 $got && break; done; cat $got; touch $ack\n"
+                "else\n"
+                "  for i in $(seq 1 300); do [ -e $ack ] && break; echo hello-from-rank1 | nc $MASTER_ADDR $MASTER_PORT; "
+                "sleep 0.2; done\n"
+                "fi\n"
                 "echo rank=$MTGPU_NODE_RANK of $MTGPU_NNODES on $MTGPU_NODE\n")
         jid = m0.submit_json(alice, script=gang)["job_id"]
         job = m0.wait_state(jid, {"completed", "failed"}, timeout_s=120)
@@ -290,8 +300,7 @@ def test_with_allow_user_images_a_tenants_own_image_runs_and_a_missing_one_fails
 def test_a_tenant_cannot_put_its_own_content_under_a_staged_images_name(cnode, bob, image):
     """allow_user_images = false holds: a job in a staged image runs it by its id, so a
     tenant that commits other content under the same name in its own store still gets
-    the staged image. (bob: a second `tenant` on this module's node could get a uid an
-    earlier one had.)"""
+    the staged image."""
     script = "cat /marker 2>/dev/null || echo no-marker\n"
     jid = cnode.submit_json(bob, "--container", image, "--wrap", script)["job_id"]
     assert cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
