@@ -232,6 +232,10 @@ def test_mt_podman_is_the_tenants_own_store_and_another_tenant_sees_nothing_of_i
     r = mt_podman(cnode, bob, "ps", "-a", "--format", "{{.Names}}")
     assert r.returncode == 0 and r.stdout.strip() == ""
     store = cnode.state_dir / "podman" / "users" / str(alice.uid) / "storage"
+    r = mt_podman(cnode, alice, "info", "--format", "{{.Store.GraphRoot}}")
+    assert r.returncode == 0 and r.stdout.strip() == str(store), r  # node-local, not in the home
+    in_home = Path(alice.home) / ".local" / "share" / "containers"
+    assert not (in_home / "storage" / "overlay").exists(), sorted(str(p) for p in in_home.rglob("*"))[:20]
     r = subprocess.run(["ls", str(store)], user=bob.uid, group=bob.gid, extra_groups=[], capture_output=True, text=True)
     assert r.returncode != 0 and "Permission denied" in r.stderr
 

@@ -125,8 +125,11 @@ class PodmanHost:
             if st.st_uid != uid or not d.is_dir() or d.is_symlink():
                 os.chown(d, uid, gid, follow_symlinks=False)
             os.chmod(d, 0o700)
+        # Rootless podman takes its store from rootless_storage_path (graphroot alone is ignored
+        # for a non-root user, and the store would land in the home).
         storage = (f'# Written by mtgpu for uid {uid}; rewritten when needed.\n[storage]\ndriver = "overlay"\n'
-                   f'graphroot = "{t.graph_root}"\nrunroot = "{t.runtime_dir / "containers"}"\n')
+                   f'graphroot = "{t.graph_root}"\nrootless_storage_path = "{t.graph_root}"\n'
+                   f'runroot = "{t.runtime_dir / "containers"}"\n')
         _write_if_changed(t.storage_conf, storage, 0o644)
         self._ready.add(uid)
         return t
