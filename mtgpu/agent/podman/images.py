@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -63,6 +64,11 @@ def archive_image_id(path: Path) -> str:
     return hexd
 
 
+def _signature(path: Path) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -83,6 +89,7 @@ class ImageStore:
         self._lock = threading.Lock()
         self._loaded: dict[int, set[str]] = {}  # uid -> digests loaded into its store
         self._ids: dict[str, str] = {}  # archive digest -> the image id inside
+        self._verified: dict[str, tuple] = {}  # digest -> the archive's signature when this process hashed it
 
     # ------------------------------------------------------------ the index
     def setup(self) -> None:
@@ -143,11 +150,12 @@ class ImageStore:
                     raise ImageError(f"image {name}: could not pull it: {last_error(r)}")
             tmp = self.temp_path("staging")
             tmp.unlink(missing_ok=True)
-            r = self._root_podman(["save", "--quiet", "--format", "docker-archive", "-o", str(tmp), name])
-            if r.returncode != 0:
+            try:
+                digest = self._save_hashing(name, tmp)
+            except ImageError:
                 tmp.unlink(missing_ok=True)
-                raise ImageError(f"image {name}: could not save it: {last_error(r)}")
-            digest = self.adopt(tmp)
+                raise
+            digest = self.adopt(tmp, digest=digest)
             self.record(name, digest)
             return digest
         except ImageError as e:
@@ -162,15 +170,48 @@ class ImageStore:
             with self._lock:
                 self.state.busy.discard(name)
 
-    def adopt(self, tmp: Path, expect: str | None = None) -> str:
-        """Move a finished archive to its content address; with `expect`, it must match."""
-        digest = file_digest(tmp)
+    def _save_hashing(self, name: str, dest: Path) -> str:
+        """`podman save` (root) into `dest`, hashed as it is written (one pass over the bytes)."""
+        h = hashlib.sha256()
+        with tempfile.TemporaryFile() as err, open(dest, "xb") as out:
+            p = subprocess.Popen([PODMAN, "save", "--quiet", "--format", "docker-archive", name], env=self.root_env,
+                                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, cwd="/")
+            assert p.stdout is not None
+            try:
+                while chunk := p.stdout.read(CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+            finally:
+                p.stdout.close()
+                rc = p.wait(timeout=1800)
+            if rc != 0:
+                err.seek(0)
+                r = subprocess.CompletedProcess(p.args, rc, b"", err.read())
+                raise ImageError(f"image {name}: could not save it: {last_error(r)}")
+            out.flush()
+            os.fsync(out.fileno())
+        return "sha256:" + h.hexdigest()
+
+    def adopt(self, tmp: Path, expect: str | None = None, digest: str | None = None) -> str:
+        """Move a finished archive to its content address; with `expect`, it must match.
+        `digest`: already computed while the archive was written (not read again)."""
+        digest = digest or file_digest(tmp)
         if expect is not None and digest != expect:
             tmp.unlink(missing_ok=True)
             raise ImageError(f"the archive's digest is {digest}, not the {expect} asked for: discarded, never loaded")
         os.chmod(tmp, 0o644)
-        os.replace(tmp, self.archive(digest))
+        final = self.archive(digest)
+        os.replace(tmp, final)
+        self._verified[digest] = _signature(final)
         return digest
+
+    def _still_verified(self, digest: str, path: Path) -> bool:
+        """This process hashed the archive and it is unchanged since (same file, size and
+        modification time; only root can write it): no need to read it again."""
+        try:
+            return self._verified.get(digest) == _signature(path)
+        except OSError:
+            return False
 
     def stage_all(self, names: list[str]) -> None:
         """Stage every name not staged yet (each failure is logged and kept, never fatal)."""
@@ -224,7 +265,13 @@ class ImageStore:
         if digest in self._loaded.get(tenant.uid, set()):
             return digest, image_id
         if tenant.run(["image", "exists", image_id], timeout_s=60).returncode != 0:
-            got = file_digest(path)
+            if self._still_verified(digest, path):
+                got = digest
+            else:
+                sig = _signature(path)
+                got = file_digest(path)
+                if got == digest and _signature(path) == sig:
+                    self._verified[digest] = sig
             if got != digest:
                 raise ImageError(f"image {name}: the archive {path} has digest {got}, not {digest}: it was changed "
                                  "on disk and is never loaded; remove it and restart the node to stage the image again")
