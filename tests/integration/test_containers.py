@@ -317,3 +317,19 @@ def test_a_tenant_cannot_put_its_own_content_under_a_staged_images_name(cnode, b
     assert cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
     out = log_of(cnode, bob, jid)
     assert "no-marker" in out and "tenant-own" not in out
+
+
+def test_with_shared_homes_an_image_is_archived_once_on_the_shared_storage_for_every_member(alice, image):
+    with running_cluster(2, settings=[{"HOME_LAYOUT": "shared", "CONTAINERS": {"enabled": True, "images": [image]}}] * 2,
+                         gpus=[[], []]) as cl:
+        m0, m1 = cl.members
+        for m in ("m0", "m1"):
+            wait_for(f"{m} to stage the image", lambda m=m: image in _staged(m0, m), timeout_s=120)
+        shared = cl.base / "homes" / ".mtgpu-images"
+        archives = list(shared.glob("sha256-*.tar"))
+        assert len(archives) == 1 and _staged(m0, "m0")[image] == _staged(m0, "m1")[image], archives
+        assert not list((m0.state_dir / "images").glob("*.tar")) and not list((m1.state_dir / "images").glob("*.tar"))
+        jid = m0.submit_json(alice, "--container", image, "--server", "m1", "--wrap", "echo on $MTGPU_NODE")["job_id"]
+        job = m0.wait_state(jid, {"completed", "failed"}, timeout_s=120)
+        assert job["state"] == "completed" and "on m1" in log_of(m0, alice, jid), job["reason"]
+        assert "fetched from" not in m1.server_log()

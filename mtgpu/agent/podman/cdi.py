@@ -102,29 +102,30 @@ def remove_sim_nodes(name: str) -> None:
         pass
 
 
-def _nvidia_own(indices: list[int]) -> tuple[dict, list[dict]]:
-    common_nodes = [{"path": p} for p in NVIDIA_CONTROL if os.path.exists(p)]
+def _nvidia_own(indices: list[int], dev: str, lib_dirs: tuple[str, ...]) -> tuple[dict, list[dict]]:
+    control = [p.replace("/dev", dev, 1) for p in NVIDIA_CONTROL]
+    common_nodes = [{"path": p} for p in control if os.path.exists(p)]
     mounts = []
-    for d in LIB_DIRS:
+    for d in lib_dirs:
         for pattern in NVIDIA_LIBS:
             for f in sorted(glob.glob(os.path.join(d, pattern))):
                 mounts.append({"hostPath": f, "containerPath": f, "options": ["ro", "nosuid", "nodev", "bind"]})
     smi = shutil.which("nvidia-smi")
     if smi:
         mounts.append({"hostPath": smi, "containerPath": "/usr/bin/nvidia-smi", "options": ["ro", "nosuid", "nodev", "bind"]})
-    devices = [{"name": str(i), "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{i}"}]}}
-               for i in indices if os.path.exists(f"/dev/nvidia{i}")]
+    devices = [{"name": str(i), "containerEdits": {"deviceNodes": [{"path": f"{dev}/nvidia{i}"}]}}
+               for i in indices if os.path.exists(f"{dev}/nvidia{i}")]
     return {"deviceNodes": common_nodes, "mounts": mounts}, devices
 
 
-def _render_node(index: int) -> str:
-    return f"/dev/dri/renderD{128 + index}"
+def _render_node(index: int, dev: str) -> str:
+    return f"{dev}/dri/renderD{128 + index}"
 
 
 def write_spec(name: str, vendor_by_index: dict[int, str], simulated: bool,
-               cdi_dir: Path = CDI_DIR) -> CdiSpec:
+               cdi_dir: Path = CDI_DIR, dev: str = "/dev", lib_dirs: tuple[str, ...] = LIB_DIRS) -> CdiSpec:
     """Write this member's spec for its GPUs (index -> vendor; `name`: spec_name()); returns
-    what a job needs."""
+    what a job needs. `dev`, `lib_dirs`: where device nodes and driver libraries are."""
     kind = f"mtgpu.local/gpu-{name}"
     indices = sorted(vendor_by_index)
     spec = CdiSpec(kind=kind, source="mtgpu")
@@ -139,11 +140,12 @@ def write_spec(name: str, vendor_by_index: dict[int, str], simulated: bool,
         if nvidia and shutil.which("nvidia-ctk"):
             return _nvidia_ctk(name, nvidia, cdi_dir)
         if nvidia:
-            common, devices = _nvidia_own(nvidia)
+            common, devices = _nvidia_own(nvidia, dev, lib_dirs)
+        kfd = f"{dev}/kfd"
         for i in indices:
             v = vendor_by_index[i]
-            if v in ("amd", "intel") and os.path.exists(_render_node(i)):
-                nodes = [{"path": _render_node(i)}] + ([{"path": "/dev/kfd"}] if v == "amd" and os.path.exists("/dev/kfd") else [])
+            if v in ("amd", "intel") and os.path.exists(_render_node(i, dev)):
+                nodes = [{"path": _render_node(i, dev)}] + ([{"path": kfd}] if v == "amd" and os.path.exists(kfd) else [])
                 devices.append({"name": str(i), "containerEdits": {"deviceNodes": nodes}})
     spec.devices = {int(d["name"]): d["name"] for d in devices}
     doc = {"cdiVersion": "0.5.0", "kind": kind, "devices": devices, "containerEdits": common}

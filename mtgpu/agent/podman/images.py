@@ -218,6 +218,11 @@ class ImageStore:
         for name in names:
             if name in self.state.ready:
                 continue
+            known = self._read_index().get(name)  # staged meanwhile by another node sharing the folder
+            if known and self.archive(known).exists():
+                self.state.ready[name] = known
+                self.state.failed.pop(name, None)
+                continue
             t0 = time.monotonic()
             try:
                 digest = self.stage(name)
