@@ -53,3 +53,12 @@ def test_a_gpu_without_a_device_node_is_not_offered(tmp_path):
         assert "GPU 0 has no device in the CDI spec" in str(e)
     else:
         raise AssertionError("a GPU without a device node was offered")
+
+
+def test_an_nvidia_gpus_node_is_the_one_nvml_names_by_its_minor_number(tmp_path):
+    dev = tmp_path / "dev"
+    touch(dev / "nvidia5")
+    spec = write_spec("n-k", {0: "nvidia"}, simulated=False, cdi_dir=tmp_path / "cdi", dev=str(dev),
+                      nvidia_nodes={0: f"{dev}/nvidia5"})
+    doc = json.loads(spec.path.read_text())
+    assert doc["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": f"{dev}/nvidia5"}]

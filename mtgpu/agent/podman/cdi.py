@@ -2,7 +2,8 @@
 (`--device KIND=INDEX`), so a container job gets exactly its GPUs.
 
 - NVIDIA: `nvidia-ctk cdi generate` when that tool is installed (it also mounts the
-  driver's libraries); else a spec of our own: `/dev/nvidiaN` per GPU, the control nodes
+  driver's libraries); else a spec of our own: `/dev/nvidiaN` per GPU (N: the minor number
+  NVML reports for it), the control nodes
   (`/dev/nvidiactl`, `/dev/nvidia-uvm`, ...) for every GPU, and the host's
   libcuda/libnvidia-ml libraries and nvidia-smi mounted read-only at their own paths.
 - AMD: `/dev/kfd` and the GPU's render node; Intel: its render node.
@@ -102,7 +103,8 @@ def remove_sim_nodes(name: str) -> None:
         pass
 
 
-def _nvidia_own(indices: list[int], dev: str, lib_dirs: tuple[str, ...]) -> tuple[dict, list[dict]]:
+def _nvidia_own(indices: list[int], dev: str, lib_dirs: tuple[str, ...],
+                nodes: dict[int, str] | None) -> tuple[dict, list[dict]]:
     control = [p.replace("/dev", dev, 1) for p in NVIDIA_CONTROL]
     common_nodes = [{"path": p} for p in control if os.path.exists(p)]
     mounts = []
@@ -113,8 +115,9 @@ def _nvidia_own(indices: list[int], dev: str, lib_dirs: tuple[str, ...]) -> tupl
     smi = shutil.which("nvidia-smi")
     if smi:
         mounts.append({"hostPath": smi, "containerPath": "/usr/bin/nvidia-smi", "options": ["ro", "nosuid", "nodev", "bind"]})
-    devices = [{"name": str(i), "containerEdits": {"deviceNodes": [{"path": f"{dev}/nvidia{i}"}]}}
-               for i in indices if os.path.exists(f"{dev}/nvidia{i}")]
+    path = {i: (nodes or {}).get(i, f"{dev}/nvidia{i}") for i in indices}
+    devices = [{"name": str(i), "containerEdits": {"deviceNodes": [{"path": path[i]}]}}
+               for i in indices if os.path.exists(path[i])]
     return {"deviceNodes": common_nodes, "mounts": mounts}, devices
 
 
@@ -123,9 +126,11 @@ def _render_node(index: int, dev: str) -> str:
 
 
 def write_spec(name: str, vendor_by_index: dict[int, str], simulated: bool,
-               cdi_dir: Path = CDI_DIR, dev: str = "/dev", lib_dirs: tuple[str, ...] = LIB_DIRS) -> CdiSpec:
+               cdi_dir: Path = CDI_DIR, dev: str = "/dev", lib_dirs: tuple[str, ...] = LIB_DIRS,
+               nvidia_nodes: dict[int, str] | None = None) -> CdiSpec:
     """Write this member's spec for its GPUs (index -> vendor; `name`: spec_name()); returns
-    what a job needs. `dev`, `lib_dirs`: where device nodes and driver libraries are."""
+    what a job needs. `dev`, `lib_dirs`: where device nodes and driver libraries are;
+    `nvidia_nodes`: each NVIDIA GPU's device node as NVML says (its minor number)."""
     kind = f"mtgpu.local/gpu-{name}"
     indices = sorted(vendor_by_index)
     spec = CdiSpec(kind=kind, source="mtgpu")
@@ -140,7 +145,7 @@ def write_spec(name: str, vendor_by_index: dict[int, str], simulated: bool,
         if nvidia and shutil.which("nvidia-ctk"):
             return _nvidia_ctk(name, nvidia, cdi_dir)
         if nvidia:
-            common, devices = _nvidia_own(nvidia, dev, lib_dirs)
+            common, devices = _nvidia_own(nvidia, dev, lib_dirs, nvidia_nodes)
         kfd = f"{dev}/kfd"
         for i in indices:
             v = vendor_by_index[i]

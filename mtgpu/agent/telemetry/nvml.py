@@ -78,6 +78,21 @@ class NvmlBackend:
             raise TelemetryError(f"NVML could not list the GPUs ({e})") from e
         self._failing: set[int] = set()
 
+    def device_nodes(self) -> dict[int, str]:
+        """Each GPU's device node by NVML index: /dev/nvidiaN with N its minor number as NVML
+        reports it (not always the index); the index where NVML cannot say."""
+        out = {}
+        get_minor = getattr(self._nvml, "nvmlDeviceGetMinorNumber", None)
+        for index, handle, _model, _uuid in self._devices:
+            minor = None
+            if get_minor is not None:
+                try:
+                    minor = int(get_minor(handle))
+                except (self._nvml.NVMLError, TypeError, ValueError):
+                    minor = None
+            out[index] = f"/dev/nvidia{index if minor is None else minor}"
+        return out
+
     def _field(self, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
         try:
             return fn(*args)

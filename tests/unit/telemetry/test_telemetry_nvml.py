@@ -108,3 +108,16 @@ def test_available_needs_init_and_a_gpu():
 def test_opening_without_a_driver_is_a_telemetry_error():
     with pytest.raises(TelemetryError, match="NVIDIA driver"):
         nvml.NvmlBackend(make_fake_nvml(fail_init=True))
+
+
+def test_device_nodes_come_from_nvmls_minor_numbers_and_fall_back_to_the_index():
+    fake = make_fake_nvml(count=3)
+
+    def minor(h):
+        if h == 2:
+            raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 7 - h
+
+    fake.nvmlDeviceGetMinorNumber = minor
+    backend = nvml.NvmlBackend(fake)
+    assert backend.device_nodes() == {0: "/dev/nvidia7", 1: "/dev/nvidia6", 2: "/dev/nvidia2"}
