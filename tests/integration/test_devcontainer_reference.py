@@ -36,11 +36,21 @@ ACCEPTED = sorted(p.name for p in FIXTURES.iterdir() if not p.name.startswith("r
 REFUSED = sorted(p.name for p in FIXTURES.iterdir() if p.name.startswith("refused-"))
 TIMEOUT_S = 60
 
-if not CLI.exists() or shutil.which("node") is None:
-    pytest.skip(
-        "the reference @devcontainers/cli is not installed (node and: npm ci --prefix tests/tools/devcontainer-cli)",
-        allow_module_level=True,
-    )
+
+
+def _why_no_reference() -> str | None:
+    if shutil.which("node") is None:
+        return "the reference @devcontainers/cli needs Node.js 20 or later, and node is not installed"
+    version = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    if int(version.lstrip("v").split(".")[0] or 0) < 20:
+        return f"the reference @devcontainers/cli needs Node.js 20 or later, and node is {version}"
+    if not CLI.exists():
+        return "the reference @devcontainers/cli is not installed: npm ci --prefix tests/tools/devcontainer-cli"
+    return None
+
+
+if _why_no_reference():
+    pytest.skip(_why_no_reference(), allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
