@@ -1,0 +1,1 @@
+"""Workspaces: long-running interactive containers (mt-container)."""
