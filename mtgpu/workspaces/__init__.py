@@ -1,5 +1,5 @@
 """Workspaces: long-running containers made from a template, an image or a
-devcontainer.json (issue 11). For now, the devcontainer.json reader."""
+devcontainer.json (issue 11). For now, the devcontainer.json reader and the idle-culling decision (idle.py)."""
 
 from mtgpu.workspaces.devcontainer import (
     CONFIG_LOCATIONS,
