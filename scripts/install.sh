@@ -42,6 +42,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q ".$EXTRA"
+# the devcontainer.json reference for tests/integration/test_devcontainer_reference.py (Node >= 20;
+# Debian 12's own nodejs is 18: then that test says it is skipped and why)
+if [ -n "$EXTRA" ] && command -v npm >/dev/null && node -e 'process.exit(parseInt(process.versions.node) >= 20 ? 0 : 1)'; then
+  npm ci --prefix tests/tools/devcontainer-cli --no-audit --no-fund --loglevel=error
+fi
 chmod -R a+rX "$(dirname "$VENV")"
 for cmd in mtgpu-server mtgpu-admin mt-job mtgpu-setup mt-python remotegpu-cli; do
   ln -sf "$VENV/bin/$cmd" "/usr/local/bin/$cmd"
