@@ -45,6 +45,20 @@ def nodes_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
                               "exclusive" if g["exclusive"] else f"{g['committed_fraction']:g} ({size(g['committed_vram_bytes'])})")
             first = False
     out.print(table)
+    for n in nodes:
+        c = n.get("containers")
+        if c is None:
+            continue
+        staged = ", ".join(sorted(c.get("staged") or {})) or "none"
+        line = f"{n['name']}: containers on; images staged: {staged}"
+        waiting = [i for i in c.get("images", []) if i not in (c.get("staged") or {}) and i not in (c.get("failed") or {})]
+        if waiting:
+            line += "; staging: " + ", ".join(waiting)
+        for image, why in sorted((c.get("failed") or {}).items()):
+            line += f"; {image} failed: {why}"
+        if c.get("user_images"):
+            line += "; tenants' own images allowed"
+        out.print(line, markup=False)
 
 
 @nodes_app.command("list")

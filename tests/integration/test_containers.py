@@ -171,6 +171,11 @@ def test_exit_status_cancel_and_time_limit_behave_as_for_native_jobs(cnode, alic
     assert job["state"] == "failed" and "time limit" in job["reason"], job
 
 
+def test_admins_see_which_members_run_containers_and_what_they_staged(cnode, image):
+    r = cnode.admin("nodes")
+    assert r.returncode == 0 and f"node-a: containers on; images staged: {image}" in r.stdout, r
+
+
 def test_images_not_offered_are_refused_at_submit_and_nothing_is_queued(cnode, alice):
     before = {j["id"] for j in json.loads(cnode.mt_job(alice, "list", "--json").stdout)}
     r = cnode.mt_job(alice, "submit", "--container", "localhost/not-staged:1", "--wrap", "true")
