@@ -187,7 +187,7 @@ class ContainerRunner(NativeRunner):
         if not c:
             return
         ended = run.exit
-        if ended is not None and ended.natural and ended.signal is None and ended.exit_code != PODMAN_ERROR_EXIT:
+        if ended is not None and ended.natural and ended.signal is None and ended.exit_code not in PODMAN_EXITS:
             removed = True  # podman run --rm removed it before it exited
         else:
             removed = self._remove_container(c)
