@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from mtgpu.ssh import TenantSshd, check_installed
+from tests.support.node import free_port
 from tests.support.users import _retry_locked, can_create_users, temp_user
 
 asyncssh = pytest.importorskip("asyncssh")
@@ -46,12 +46,6 @@ class SshEnv:
     state_dir: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _check(cmd: list[str]) -> None:
     r = _retry_locked(cmd)
     assert r.returncode == 0, f"{' '.join(cmd)} failed: {r.stderr}"
@@ -75,7 +69,7 @@ def env():
         key_path = state_dir / "client_key"
         key.write_private_key(str(key_path))
         os.chmod(key_path, 0o600)
-        port = _free_port()
+        port = free_port()
         sshd = TenantSshd(state_dir, f"127.0.0.1:{port}", group, "on")
         sshd.prepare()
         pub = key.export_public_key().decode()

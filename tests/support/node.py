@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -31,10 +32,30 @@ PYTHON = sys.executable
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(count: int = 1) -> int:
+    """A free port p (and p+1 .. p+count-1) on 127.0.0.1, below the kernel's ephemeral
+    range: a server that restarts must get its port back, and an ephemeral port can be
+    taken meanwhile as the source port of any outgoing connection on the machine."""
+    hi = _ephemeral_start() - count
+    lo = max(1024, hi - 20000)
+    for _ in range(200):
+        p = lo + secrets.randbelow(hi - lo)
+        try:
+            for q in range(p, p + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", q))
+        except OSError:
+            continue
+        return p
+    raise RuntimeError(f"no {count} free port(s) in {lo}-{hi + count}")
 
 
 def wait_for(what: str, check: Callable[[], object], timeout_s: float = 20.0, interval_s: float = 0.05):
