@@ -292,5 +292,3 @@ class ImageStore:
         digest = self.state.ready.get(name)
         return digest is not None and digest in self._loaded.get(uid, set())
 
-    def forget_loaded(self, uid: int) -> None:
-        self._loaded.pop(uid, None)

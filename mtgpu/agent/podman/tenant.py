@@ -29,6 +29,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...accounts.apply import OsAccountsError, read_os_accounts
+
 PODMAN = shutil.which("podman") or "/usr/bin/podman"
 RUNTIME_BASE = Path("/run/mtgpu-podman")
 
@@ -134,6 +136,13 @@ class PodmanHost:
         self._ready.add(uid)
         return t
 
+    def ready(self, uid: int, gid: int, home: str) -> TenantPodman:
+        """The tenant's podman, prepared and with its pause process running: what every
+        caller (a job's start, mt-podman, an image load) needs before a podman call."""
+        t = self.prepare(uid, gid, home)
+        self.ensure_pause(t)
+        return t
+
     def ensure_pause(self, t: TenantPodman) -> None:
         """Start the tenant's rootless pause process from here (outside every job cgroup)
         when it is not running."""
@@ -147,35 +156,27 @@ class PodmanHost:
             pass
         r = t.run(["unshare", "true"], timeout_s=60)
         if r.returncode != 0:
-            raise PodmanSetupError(f"podman could not start for uid {t.uid}: {_last_error(r)}")
+            raise PodmanSetupError(f"podman could not start for uid {t.uid}: {last_error(r)}")
 
-    def forget_tenant(self, uid: int) -> None:
-        self._ready.discard(uid)
-
-
-def subid_problem(uid: int, etc: str = "/etc") -> str | None:
+def subid_problem(uid: int, root: str = "/") -> str | None:
     """Why rootless podman cannot run for `uid` with its subordinate ids, or None."""
     try:
-        name = pwd.getpwuid(uid).pw_name
+        account = pwd.getpwuid(uid)
     except KeyError:
         return f"uid {uid} has no account on this node"
-    for kind in ("uid", "gid"):
-        ranges = []
-        try:
-            with open(f"{etc}/sub{kind}") as f:
-                for line in f:
-                    parts = line.strip().split(":")
-                    if len(parts) == 3 and parts[0] in (name, str(uid)) and parts[1].isdigit() and parts[2].isdigit():
-                        ranges.append((int(parts[1]), int(parts[2])))
-        except OSError:
-            pass
+    name = account.pw_name
+    try:
+        accounts = read_os_accounts(root)
+    except OsAccountsError as e:
+        return f"the account database cannot be read: {e}"
+    for kind, table, own in (("uid", accounts.subuids, uid), ("gid", accounts.subgids, account.pw_gid)):
+        ranges = table.get(name, ()) + table.get(str(uid), ())  # the files may name the user or its uid
         if not ranges:
-            return (f"{name} has no subordinate {kind}s in {etc}/sub{kind}, which rootless podman needs; the node "
+            return (f"{name} has no subordinate {kind}s in /etc/sub{kind}, which rootless podman needs; the node "
                     f"adds them to the accounts it creates (accounts/plan.py), or: usermod --add-sub{kind}s FIRST-LAST {name}")
-        own = uid if kind == "uid" else pwd.getpwuid(uid).pw_gid
         for first, count in ranges:
             if first <= own < first + count:
-                return (f"{name}'s subordinate {kind}s {first}-{first + count - 1} in {etc}/sub{kind} include its own "
+                return (f"{name}'s subordinate {kind}s {first}-{first + count - 1} in /etc/sub{kind} include its own "
                         f"{kind} {own}, which rootless podman refuses; give it a range above TENANT_UID_RANGE")
     return None
 
@@ -192,14 +193,16 @@ def _write_if_changed(path: Path, text: str, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def _last_error(r: subprocess.CompletedProcess) -> str:
+def error_line(text: str) -> str | None:
+    """Podman's own message in its output: the last line that starts with `Error:`."""
+    for ln in reversed(text.splitlines()):
+        if ln.strip().startswith("Error:"):
+            return ln.strip()
+    return None
+
+
+def last_error(r: subprocess.CompletedProcess) -> str:
     """Podman's own message: its last `Error:` line, else the end of its output."""
     text = (r.stderr or b"").decode(errors="replace") if isinstance(r.stderr, bytes) else (r.stderr or "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if ln.startswith("Error:"):
-            return ln
-    return lines[-1] if lines else f"exit status {r.returncode}"
-
-
-last_error = _last_error
+    return error_line(text) or (lines[-1] if lines else f"exit status {r.returncode}")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from mtgpu.agent.podman.cdi import CdiSpec
 from mtgpu.agent.podman.images import ImageError, ImageStore
-from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, last_error
+from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, error_line, last_error
 from mtgpu.agent.runners.base import ExitInfo, Launch, RunnerError
 from mtgpu.agent.runners.native import Command, NativeRunner, _interpreter
 from mtgpu.model.gpu import VISIBILITY_VARS
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 
 CACHE_MOUNT = "/mtgpu-cache"
 SCRIPT_MOUNT = "/.mtgpu/job"
-PODMAN_ERROR_EXIT = 125  # podman's own failure (not the job's)
 PODMAN_EXITS = (125, 126, 127)  # podman's, or the runtime's, when its `Error:` line ends the log
 
 
@@ -82,7 +81,7 @@ class ContainerRunner(NativeRunner):
         self.podman = podman
         self.images = images
         self.cdi = cdi
-        self.read_only = [p for p in read_only]
+        self.read_only = list(read_only)
         self.cache_volume = cache_volume
         self.network = network
 
@@ -92,8 +91,7 @@ class ContainerRunner(NativeRunner):
             return super()._command(launch, job_dir, env, token, enforced)
         image = launch.container
         try:
-            tenant = self.podman.prepare(launch.uid, launch.gid, launch.home)
-            self.podman.ensure_pause(tenant)
+            tenant = self.podman.ready(launch.uid, launch.gid, launch.home)
             staged = self.images.ensure_loaded(tenant, image)
         except (PodmanSetupError, ImageError, OSError, subprocess.TimeoutExpired) as e:
             raise RunnerError(str(e)) from e
@@ -246,10 +244,8 @@ def _podman_error_in_log(job_dir: Path) -> str:
             tail = f.read().decode(errors="replace")
     except (OSError, ValueError, KeyError):
         return ""
-    for line in reversed(tail.splitlines()):
-        if line.startswith("Error:"):
-            return line[len("Error:"):].strip()
-    return ""
+    line = error_line(tail)
+    return line[len("Error:"):].strip() if line else ""
 
 
 __all__ = ["ContainerRunner", "container_name", "shm_bytes"]

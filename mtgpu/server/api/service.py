@@ -228,8 +228,7 @@ class MemberService:
             raise ServiceError(403, f"{caller.name} is a system account: mt-podman is for tenants")
         home = home_of(caller.uid, str(Path(self.config.TENANT_HOME_ROOT) / caller.name))
         try:
-            t = setup.podman.prepare(caller.uid, caller.gid, home)
-            setup.podman.ensure_pause(t)
+            t = setup.podman.ready(caller.uid, caller.gid, home)
         except (PodmanSetupError, OSError) as e:
             raise ServiceError(500, f"podman could not be prepared for {caller.name}: {e}") from None
         return {"env": t.env(), "podman": PODMAN}

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ...agent.podman.images import ImageError
 from ...agent.podman.setup import ContainerSetup
 from ...state.machine import StateMachine
 
@@ -114,8 +113,7 @@ class ImageGate:
     def _load(self, image: str, tenant: tuple[int, int, str]) -> None:
         uid, gid, home = tenant
         try:
-            t = self.setup.podman.prepare(uid, gid, home)
-            self.setup.podman.ensure_pause(t)
+            t = self.setup.podman.ready(uid, gid, home)
             self.setup.images.ensure_loaded(t, image)
         except Exception as e:  # noqa: BLE001 - any failure fails the job waiting for it, with the reason
             with self._lock:
@@ -144,7 +142,7 @@ class ImageGate:
             dt = time.monotonic() - t0
             log.info("image %s fetched from %s and verified (%s, %.1f MB in %.2fs, %.0f MB/s)", image, source,
                      digest[:19], size / 1e6, dt, size / 1e6 / max(dt, 1e-6))
-        except (ImageError, OSError, Exception) as e:  # noqa: BLE001 - any failure fails the jobs waiting for it
+        except Exception as e:  # noqa: BLE001 - any failure (digest, I/O, HTTP) fails the jobs waiting for it
             tmp.unlink(missing_ok=True)
             why = f"image {image}: fetching it from {source} failed: {e}"
             log.warning("%s", why)
