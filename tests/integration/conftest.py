@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from tests.support.fixtures import temp_user_factory, tenant  # noqa: F401 (fixtures)
-from tests.support.users import TempUser, can_create_users, temp_user
+from tests.support.users import TempUser, can_create_users, sweep_leftover_accounts, temp_user
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -22,6 +22,14 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_accounts_left_by_a_killed_run() -> None:
+    """A run killed earlier (SIGKILL skips teardown) can leave tenant accounts whose uids a
+    test is about to allocate again; remove those first (only ones whose folder is gone)."""
+    if can_create_users() is None:
+        sweep_leftover_accounts()
 
 
 def _module_user(prefix: str) -> Iterator[TempUser]:

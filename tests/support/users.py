@@ -117,3 +117,34 @@ def temp_user(prefix: str = "mtt", *, uid_range: tuple[int, int] = UID_RANGE,
             shutil.rmtree(parent, ignore_errors=True)
         else:
             shutil.rmtree(home, ignore_errors=True)
+
+
+# Every uid range a test gives to accounts it creates (temp users, the tenants tests'
+# nodes, the cluster tests' nodes). Nothing else on a machine has uids here.
+TEST_UID_RANGES = ((250_000, 259_999), (310_000, 329_999))
+
+
+def sweep_leftover_accounts(passwd: str = "/etc/passwd") -> list[str]:
+    """Remove accounts an earlier test run left behind when it was killed (SIGKILL skips
+    every teardown): a uid in TEST_UID_RANGES whose home's parent folder is gone. A test
+    that is still running keeps that folder (its node's base or its homes folder) until
+    its teardown, so only the dead run's accounts match. Returns the names removed."""
+    removed = []
+    try:
+        lines = open(passwd, encoding="utf-8").read().splitlines()
+    except OSError:
+        return removed
+    for line in lines:
+        parts = line.split(":")
+        if len(parts) < 7 or not parts[2].isdigit():
+            continue
+        name, uid, home = parts[0], int(parts[2]), parts[5]
+        if not any(lo <= uid <= hi for lo, hi in TEST_UID_RANGES):
+            continue
+        if not home.startswith("/") or os.path.isdir(os.path.dirname(home.rstrip("/"))):
+            continue
+        _kill_processes_of(uid)
+        r = _retry_locked(["userdel", "-f", name])
+        if r.returncode == 0:
+            removed.append(name)
+    return removed
