@@ -48,7 +48,7 @@ if [ -n "$EXTRA" ] && command -v npm >/dev/null && node -e 'process.exit(parseIn
   npm ci --prefix tests/tools/devcontainer-cli --no-audit --no-fund --loglevel=error
 fi
 chmod -R a+rX "$(dirname "$VENV")"
-for cmd in mtgpu-server mtgpu-admin mt-job mtgpu-setup mt-python mt-podman remotegpu-cli; do
+for cmd in mtgpu-server mtgpu-admin mt-job mtgpu-setup mt-python mt-podman mt-container remotegpu-cli; do
   ln -sf "$VENV/bin/$cmd" "/usr/local/bin/$cmd"
 done
 echo "mtgpu installed in $VENV (commands linked into /usr/local/bin)"

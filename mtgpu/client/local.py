@@ -95,6 +95,18 @@ class LocalClient:
         path = logstream.LOG_STREAM_PATH.format(job_id=job_id)
         return stream_log(lambda: self._http.stream("GET", path, params=params), job_id, self._unreachable)
 
+    def create_workspace(self, body: dict) -> dict:
+        return self._call("POST", "/v1/workspaces", json=body)
+
+    def workspaces(self, all_tenants: bool = False) -> list[dict]:
+        return self._call("GET", "/v1/workspaces", params={"all": all_tenants})
+
+    def workspace(self, name: str) -> dict:
+        return self._call("GET", f"/v1/workspaces/{name}")
+
+    def workspace_action(self, name: str, action: str) -> dict:
+        return self._call("POST", f"/v1/workspaces/{name}/{action}")
+
     def nodes(self) -> list[dict]:
         return self._call("GET", "/v1/nodes")
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from mtgpu.model.units import SIZE_HELP, UnitError, format_size, parse_size
+from mtgpu.model.units import SIZE_HELP, UnitError, format_size, parse_duration, parse_size
 
 DEFAULT_STATE_DIR = Path("/var/lib/mtgpu")
 SOCKET_NAME = "mtgpu.sock"
@@ -152,15 +152,6 @@ PeerAddress = Annotated[str, AfterValidator(_peer_address)]
 # ---------------------------------------------------------------- tables
 
 
-WORKSPACES_NOT_YET = ("not available yet: workspaces (mt-container) are not built in this version, so this key "
-                      "would do nothing; remove it")
-
-
-def _workspaces_not_yet(value):
-    """A [CONTAINERS] key only workspaces use is refused until workspaces exist, not ignored."""
-    raise _bad(WORKSPACES_NOT_YET)
-
-
 _IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*$")
 _VOLUME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _NETWORKS = ("slirp4netns", "pasta", "none", "host")
@@ -182,15 +173,72 @@ def _unique_images(value: list[str]) -> list[str]:
     return value
 
 
+TEMPLATE_RESOURCES = ("gpus", "vram", "cpus", "mem", "gpu_mode")
+TEMPLATE_KEYS = ("image", "ports", "env", "command", "token_env", "url_path", *TEMPLATE_RESOURCES)
+
+
+def _template_table(name: str, t: dict) -> dict:
+    """A template's table form, checked: every key is one this node acts on."""
+    from mtgpu.jobfile import JobFileError, parse_job_file  # the very rules mt-job flags follow
+
+    where = f"template {name!r}"
+    unknown = sorted(set(t) - set(TEMPLATE_KEYS))
+    if unknown:
+        raise _bad(f"{where}: unknown key(s) {', '.join(unknown)}; a template has " + ", ".join(TEMPLATE_KEYS))
+    if "image" not in t:
+        raise _bad(f'{where}: give its image, e.g. image = "localhost/jupyter:1"')
+    _image_name(t["image"])
+    ports = t.get("ports", [])
+    if not isinstance(ports, list) or not all(type(p) is int and 1 <= p <= 65535 for p in ports) \
+            or len(set(ports)) != len(ports):
+        raise _bad(f"{where}: ports = {ports!r}; give distinct container ports 1-65535, e.g. ports = [8888]")
+    env = t.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)
+                                            and isinstance(v, str) and "\n" not in v for k, v in env.items()):
+        raise _bad(f"{where}: env must be a table of NAME = \"value\" (one-line values), e.g. env = {{ LANG = \"C.UTF-8\" }}")
+    command = t.get("command", [])
+    if isinstance(command, str):
+        command = ["/bin/sh", "-c", command]
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        raise _bad(f"{where}: command must be a string (run with /bin/sh -c) or a list of strings (argv)")
+    token_env = t.get("token_env")
+    if token_env is not None and (not isinstance(token_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", token_env)):
+        raise _bad(f"{where}: token_env = {token_env!r}; name the variable that gets the secret token, "
+                   'e.g. token_env = "JUPYTER_TOKEN"')
+    url_path = t.get("url_path", "/")
+    if not isinstance(url_path, str) or not url_path.startswith("/"):
+        raise _bad(f'{where}: url_path = {url_path!r}; give a path from "/", e.g. url_path = "/lab"')
+    resources = {k.replace("_", "-"): str(t[k]) for k in TEMPLATE_RESOURCES if k in t}
+    try:
+        parse_job_file("", resources)
+    except JobFileError as e:
+        raise _bad(f"{where}: {e}") from None
+    return {**t, "ports": ports, "env": env, "command": command, "url_path": url_path}
+
+
 def _templates(value: dict) -> dict:
-    for name, image in value.items():
+    out = {}
+    for name, t in value.items():
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
             raise _bad(f"template name {name!r}: use letters, digits, '.', '_' and '-'")
-        if not isinstance(image, str):
-            raise _bad(f"template {name!r}: the table form (image, ports, env, command, resources) is for workspaces, "
-                       "which are not available yet; give the template as a name for an image, e.g. "
-                       f'{name} = "localhost/jupyter:1"')
-        _image_name(image)
+        if isinstance(t, str):
+            out[name] = _image_name(t)
+        elif isinstance(t, dict):
+            out[name] = _template_table(name, t)
+        else:
+            raise _bad(f"template {name!r}: give an image name or a table (image, ports, env, command, resources)")
+    return out
+
+
+def _idle_timeout(value: str) -> str:
+    if value == "off":
+        return value
+    try:
+        seconds = parse_duration(value)
+    except UnitError as e:
+        raise _bad(f"idle_timeout = {value!r}: {e}; give \"off\" or a duration such as \"2h\" or \"30m\"") from None
+    if seconds < 10:
+        raise _bad(f"idle_timeout = {value!r} is shorter than 10s; a workspace would be stopped while it starts")
     return value
 
 
@@ -213,8 +261,7 @@ ImageName = Annotated[str, AfterValidator(_image_name)]
 
 class ContainersConfig(BaseModel):
     """`[CONTAINERS]`: container jobs on rootless Podman (docs/CONTAINERS.md). The keys
-    only workspaces use (`publish_ports`, `idle_timeout`) are refused until workspaces
-    exist, never accepted and ignored."""
+    `templates`, `publish_ports` and `idle_timeout` are the workspaces' (docs/WORKSPACES.md)."""
 
     # Numbers and booleans are strict (no "yes" for true, no true for 1): TOML has real types.
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -224,9 +271,11 @@ class ContainersConfig(BaseModel):
                                         "tenant; off: container= jobs are never placed here, and refused at submit "
                                         "when no node of the cluster has it on")
     templates: Annotated[dict[str, Any], AfterValidator(_templates)] = Field(
-        default_factory=dict, description="names for images tenants may use: name -> image; the images are "
-                                          "pre-staged like `images` (the table form is for workspaces: not "
-                                          "available yet)"
+        default_factory=dict, description="workspace templates (mt-container create --template NAME): a name for "
+                                          "an image, or a table with image, ports, env, command (a string for "
+                                          "/bin/sh -c, or argv), token_env (a variable given a secret token, shown "
+                                          "in `mt-container ports`), url_path and default resources (gpus, vram, "
+                                          "cpus, mem, gpu_mode); the images are pre-staged like `images`"
     )
     images: Annotated[list[ImageName], AfterValidator(_unique_images)] = Field(
         default_factory=list, description="images the node pre-stages as root, once, as content-addressed archives "
@@ -245,19 +294,21 @@ class ContainersConfig(BaseModel):
         "slirp4netns", description="the network mode of one-node container jobs (gangs, nodes=N, always use the "
                                    "host network so the rendezvous port is reachable)"
     )
-    publish_ports: Annotated[bool, AfterValidator(_workspaces_not_yet)] = Field(
-        True, strict=True, description="publish workspace ports on this node's loopback (workspaces: not available "
-                                       "yet)")
+    publish_ports: bool = Field(
+        True, strict=True, description="publish workspace ports on this node's loopback, each reachable only by "
+                                       "its tenant (and root); off: a workspace that asks for ports is refused")
     allow_user_images: bool = Field(
         False, strict=True, description="also allow any image in the tenant's own store (mt-podman pull, "
                                         "podman load)")
-    idle_timeout: Annotated[str, AfterValidator(_workspaces_not_yet)] = Field(
-        "off", description="stop a workspace idle for this long (workspaces: not available yet)")
+    idle_timeout: Annotated[str, AfterValidator(_idle_timeout)] = Field(
+        "off", description="stop a workspace with no session attached, no connection to its ports and no CPU or GPU "
+                           "work for this long (its GPUs are released, its layer kept); \"off\" never")
 
     def allowed_images(self) -> list[str]:
         """The images this node stages and offers: `images`, then the templates' images."""
         out = list(self.images)
-        for image in self.templates.values():
+        for t in self.templates.values():
+            image = t if isinstance(t, str) else t["image"]
             if image not in out:
                 out.append(image)
         return out

@@ -19,10 +19,11 @@ class JobState(str, Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     LOST = "lost"
+    STOPPED = "stopped"  # a workspace that holds nothing now and can be started again
 
     @property
     def final(self) -> bool:
-        return self not in (JobState.QUEUED, JobState.RUNNING)
+        return self not in (JobState.QUEUED, JobState.RUNNING, JobState.STOPPED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,48 @@ class ArraySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkspaceSpec:
+    """What makes a job a workspace (docs/WORKSPACES.md): a kept container, its main
+    command, the ports it serves and what runs when it is created or started. Hashable,
+    as the scheduler keys caches by JobSpec."""
+
+    name: str
+    source: str = ""  # "template NAME", "image IMAGE" or "devcontainer PATH", as created
+    command: tuple[str, ...] = ()  # the main process (argv); () keeps the container up idle
+    ports: tuple[int, ...] = ()  # container ports published on the node's loopback
+    env: tuple[tuple[str, str], ...] = ()
+    token_env: str | None = None  # a variable given a fresh secret token (e.g. JUPYTER_TOKEN)
+    url_path: str = "/"  # what `mt-container ports` prints after the host and port ("?token=" added)
+    post_create: tuple[str, ...] = ()  # shell commands run once, after the container is created
+    post_start: tuple[str, ...] = ()  # shell commands run at every start
+    mounts: tuple[tuple[str, str, bool], ...] = ()  # (source in the home, target, read-only)
+    labels: tuple[tuple[str, str], ...] = ()  # e.g. devcontainer.metadata for VS Code
+    container_workdir: str | None = None  # the devcontainer's workspaceFolder
+    run_args: tuple[str, ...] = ()  # devcontainer runArgs (the allow-list's: workspaces/runargs.py)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "source": self.source, "command": list(self.command), "ports": list(self.ports),
+                "env": [list(e) for e in self.env], "token_env": self.token_env, "url_path": self.url_path,
+                "post_create": list(self.post_create), "post_start": list(self.post_start),
+                "mounts": [list(m) for m in self.mounts], "labels": [list(x) for x in self.labels],
+                "container_workdir": self.container_workdir, "run_args": list(self.run_args)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WorkspaceSpec":
+        return cls(name=str(d["name"]), source=str(d.get("source", "")),
+                   command=tuple(str(a) for a in d.get("command", ())),
+                   ports=tuple(int(p) for p in d.get("ports", ())),
+                   env=tuple((str(k), str(v)) for k, v in d.get("env", ())),
+                   token_env=d.get("token_env"), url_path=str(d.get("url_path", "/")),
+                   post_create=tuple(str(c) for c in d.get("post_create", ())),
+                   post_start=tuple(str(c) for c in d.get("post_start", ())),
+                   mounts=tuple((str(a), str(b), bool(c)) for a, b, c in d.get("mounts", ())),
+                   labels=tuple((str(k), str(v)) for k, v in d.get("labels", ())),
+                   container_workdir=d.get("container_workdir"),
+                   run_args=tuple(str(a) for a in d.get("run_args", ())))
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """A parsed job request. Sizes in bytes, times in seconds; None means "not asked"."""
 
@@ -71,6 +114,7 @@ class JobSpec:
     time_limit_s: float | None = None
     workdir: str | None = None
     requeue: bool = True
+    workspace: WorkspaceSpec | None = None  # a workspace (mt-container), not a batch job
 
     @property
     def wants_gpu(self) -> bool:
@@ -79,6 +123,7 @@ class JobSpec:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["gpu_mode"] = self.gpu_mode.value
+        d["workspace"] = self.workspace.to_dict() if self.workspace else None
         return d
 
     @classmethod
@@ -88,6 +133,8 @@ class JobSpec:
         d["gpu_mode"] = GpuMode(d.get("gpu_mode", "exclusive"))
         arr = d.get("array")
         d["array"] = ArraySpec(tuple(arr["indices"]), arr.get("max_running")) if arr else None
+        ws = d.get("workspace")
+        d["workspace"] = WorkspaceSpec.from_dict(ws) if ws else None
         return cls(**d)
 
 
@@ -164,6 +211,9 @@ class Job:
     # earlier attempts, oldest first: {"attempt", "nodes", "allocations", "started_at", "ended_at",
     # "outcome"}, plus "late" once the member of a requeued attempt reported how it ended there
     history: list = field(default_factory=list)
+    # workspaces: what its member published and keeps: {"node": where its container (and
+    # writable layer) is, "ports": {"8888": host port}, "token": ..., "container": name}
+    ws: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -187,6 +237,7 @@ class Job:
             "master_port": self.master_port,
             "rank_exits": dict(self.rank_exits),
             "history": [dict(h) for h in self.history],
+            "ws": dict(self.ws),
         }
 
     def rank_log_path(self, rank: int) -> str:
@@ -217,4 +268,5 @@ class Job:
             master_port=d.get("master_port"),
             rank_exits=dict(d.get("rank_exits", {})),
             history=[dict(h) for h in d.get("history", ())],
+            ws=dict(d.get("ws", {})),
         )

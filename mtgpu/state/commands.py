@@ -36,6 +36,8 @@ JOB_REQUEUE = "job.requeue.v1"
 JOB_LATE_REPORT = "job.late-report.v1"
 JOB_FORGET = "job.forget.v1"
 CLUSTER_BARRIER = "cluster.barrier.v1"
+WORKSPACE_STOP = "workspace.stop.v1"
+WORKSPACE_START = "workspace.start.v1"
 
 ALL_COMMANDS = (
     TENANT_ENSURE,
@@ -62,6 +64,8 @@ ALL_COMMANDS = (
     JOB_LATE_REPORT,
     JOB_FORGET,
     CLUSTER_BARRIER,
+    WORKSPACE_STOP,
+    WORKSPACE_START,
 )
 
 

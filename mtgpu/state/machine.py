@@ -11,7 +11,7 @@ so a stale or conflicting plan is refused instead of overbooking a GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..model.job import GpuMode, Job, JobSpec, JobState, NodeAllocation
 from . import commands as C
@@ -152,6 +152,8 @@ class StateMachine(TenantCommands):
             C.JOB_LATE_REPORT: self._job_late_report,
             C.JOB_FORGET: self._job_forget,
             C.CLUSTER_BARRIER: self._barrier,
+            C.WORKSPACE_STOP: self._workspace_stop,
+            C.WORKSPACE_START: self._workspace_start,
         }
 
     # ---------------------------------------------------------------- apply
@@ -361,8 +363,12 @@ class StateMachine(TenantCommands):
         self._queued.pop(job.id, None)
 
     def _job_annotate(self, job_id: int, enforced: dict | None = None, reason: str | None = None,
-                      master_port: int | None = None, attempt: int | None = None) -> dict:
+                      master_port: int | None = None, attempt: int | None = None, ws: dict | None = None) -> dict:
         job = self._job(job_id)
+        if ws is not None:
+            if job.spec.workspace is None:
+                raise CommandRejected(f"job {job_id} is not a workspace")
+            job.ws = {**job.ws, **{str(k): v for k, v in dict(ws).items()}}
         if attempt is not None and attempt != job.attempt:
             raise CommandRejected(f"job {job_id} is at attempt {job.attempt}, note was for {attempt}")
         if master_port is not None:
@@ -399,6 +405,13 @@ class StateMachine(TenantCommands):
         if not final.final:
             raise CommandRejected(f"{final.value} is not a final state")
         self._release(job)
+        if job.spec.workspace is not None and final is not JobState.LOST:
+            # A workspace's main process ended (or it could not start): it holds nothing
+            # now and keeps its container; `mt-container start` runs it again.
+            what = reason or (f"its command exited with status {exit_code}" if exit_code is not None else final.value)
+            job.state, job.exit_code, job.ended_at = JobState.STOPPED, exit_code, at
+            job.reason = f"stopped: {what}"
+            return {"final": False}
         job.state, job.exit_code, job.ended_at, job.reason = final, exit_code, at, reason
         return {"final": True}
 
@@ -429,6 +442,9 @@ class StateMachine(TenantCommands):
         job.master_port, job.rank_exits = None, {}
         job.attempt += 1
         job.reason = reason
+        node = job.ws.get("node")
+        if job.spec.workspace is not None and node and job.spec.server != node:
+            job.spec = replace(job.spec, server=node)  # its container and layer are there
         self._queued[job_id] = None
         return {"attempt": job.attempt}
 
@@ -463,6 +479,49 @@ class StateMachine(TenantCommands):
             entry["outcome"] += "; its member came back with this attempt's end before the copy started: taken"
             job.reason = reason or f"ran on {node}, which reported its end after it had been marked down"
         return {"taken": taken}
+
+    def _workspace_stop(self, job_id: int, at: float, reason: str = "", attempt: int | None = None) -> dict:
+        """Stop a workspace: its reservation is released, its container (with its writable
+        layer) is kept on its member, stopped there by that member's agent."""
+        _check_reason(reason)
+        job = self._workspace(job_id)
+        if job.state not in (JobState.QUEUED, JobState.RUNNING):
+            raise CommandRejected(f"workspace {job.spec.workspace.name!r} is {job.state.value}, not running or queued")
+        if attempt is not None and attempt != job.attempt:
+            raise CommandRejected(f"workspace job {job_id} is at attempt {job.attempt}, the stop was for {attempt}")
+        self._release(job)
+        job.state, job.ended_at, job.exit_code = JobState.STOPPED, at, None
+        job.reason = f"stopped: {reason}" if reason else "stopped"
+        return {}
+
+    def _workspace_start(self, job_id: int, at: float) -> dict:
+        """Queue a stopped workspace again, as a new attempt. Once its container exists on
+        a member, it is pinned there: its writable layer does not move (docs/WORKSPACES.md)."""
+        job = self._workspace(job_id)
+        if job.state is not JobState.STOPPED:
+            raise CommandRejected(f"workspace {job.spec.workspace.name!r} is {job.state.value}, not stopped")
+        node = job.ws.get("node")
+        if node:
+            if node not in self.nodes:
+                raise CommandRejected(
+                    f"workspace {job.spec.workspace.name!r}: its container is on {node}, which left the cluster; "
+                    "remove the workspace (mt-container rm) and create it again")
+            if job.spec.server != node:
+                job.spec = replace(job.spec, server=node)
+        job.history.append({"attempt": job.attempt, "nodes": [a.node for a in job.allocations],
+                            "allocations": [a.to_dict() for a in job.allocations], "started_at": job.started_at,
+                            "ended_at": job.ended_at, "outcome": job.reason or "stopped"})
+        job.state, job.allocations, job.started_at, job.ended_at = JobState.QUEUED, (), None, None
+        job.exit_code, job.reason = None, ""
+        job.attempt += 1
+        self._queued[job_id] = None
+        return {"attempt": job.attempt}
+
+    def _workspace(self, job_id: int) -> Job:
+        job = self._job(job_id)
+        if job.spec.workspace is None:
+            raise CommandRejected(f"job {job_id} is a batch job, not a workspace")
+        return job
 
     def _barrier(self, at: float = 0.0) -> dict:
         """Changes nothing. The scheduler commits one before it changes the Raft

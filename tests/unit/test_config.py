@@ -379,11 +379,16 @@ def test_any_parsed_toml_gives_a_config_or_a_config_error(d):
         assert exc.problems and all(isinstance(p, str) and p for p in exc.problems)
 
 
-@pytest.mark.parametrize("key, value", [("publish_ports", False), ("idle_timeout", "2h")])
-def test_containers_keys_only_workspaces_use_are_refused_until_workspaces_exist(key, value):
-    problem = only_problem({"CONTAINERS": {key: value}})
-    assert problem.startswith(f"CONTAINERS.{key} = ") and "not available yet" in problem
-    assert "workspaces" in problem
+def test_workspace_keys_are_accepted_and_a_template_table_is_checked():
+    c = config_from_dict({"CONTAINERS": {
+        "publish_ports": False, "idle_timeout": "2h",
+        "templates": {"base": "localhost/base:1",
+                      "jupyter": {"image": "localhost/jupyter:1", "ports": [8888], "env": {"A": "b"},
+                                  "command": "jupyter lab", "token_env": "JUPYTER_TOKEN", "url_path": "/lab",
+                                  "gpus": 1, "cpus": 4, "mem": "16G", "gpu_mode": "shared", "vram": "8G"}}}}).CONTAINERS
+    assert c.publish_ports is False and c.idle_timeout == "2h"
+    assert c.templates["jupyter"]["command"] == ["/bin/sh", "-c", "jupyter lab"]
+    assert c.allowed_images() == ["localhost/base:1", "localhost/jupyter:1"]
 
 
 def test_containers_keys_of_container_jobs_are_accepted():
@@ -398,7 +403,14 @@ def test_containers_keys_of_container_jobs_are_accepted():
 @pytest.mark.parametrize("key, value, words", [
     ("images", ["Bad Image"], "not an image name"),
     ("images", ["localhost/a", "localhost/a"], "listed twice"),
-    ("templates", {"jup": {"image": "localhost/j"}}, "table form"),
+    ("templates", {"jup": {"ports": [8888]}}, "give its image"),
+    ("templates", {"jup": {"image": "localhost/j", "port": 8888}}, "unknown key(s) port"),
+    ("templates", {"jup": {"image": "localhost/j", "ports": [0]}}, "ports = [0]"),
+    ("templates", {"jup": {"image": "localhost/j", "cpus": "many"}}, "cpus"),
+    ("templates", {"jup": {"image": "localhost/j", "token_env": "a b"}}, "token_env"),
+    ("templates", {"jup": 3}, "an image name or a table"),
+    ("idle_timeout", "soon", "idle_timeout = 'soon'"),
+    ("idle_timeout", "5s", "shorter than 10s"),
     ("cache_volume", "a/b", "not a Podman volume name"),
     ("network", "bridge", "slirp4netns"),
     ("registry_auth_file", "auth.json", "absolute"),

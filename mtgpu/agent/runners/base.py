@@ -5,7 +5,10 @@ persist the returned state, crash, and re-attach to the job after a restart."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ...model.job import WorkspaceSpec
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class Launch:
     lease_path: str | None = None
     lease_s: float | None = None
     container: str | None = None  # run in this image (runners/podman.py); None: natively
+    workspace: "WorkspaceSpec | None" = None  # keep the container: a workspace (runners/workspace.py)
+    ws_token: str | None = None  # the workspace's secret token, when it has one already
 
 
 @dataclass

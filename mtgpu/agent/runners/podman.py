@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import pwd
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +39,9 @@ from mtgpu.agent.podman.images import ImageError, ImageStore
 from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, error_line, last_error
 from mtgpu.agent.runners.base import ExitInfo, Launch, RunnerError
 from mtgpu.agent.runners.native import Command, NativeRunner, _interpreter
+from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, entry_script, gpus_label, layer_image,
+                                           parse_inspect, pick_host_ports, publish_args, workspace_container)
+from mtgpu.agent.runners.workspace import LABEL as WS_LABEL
 from mtgpu.model.gpu import VISIBILITY_VARS
 
 log = logging.getLogger(__name__)
@@ -90,36 +94,89 @@ class ContainerRunner(NativeRunner):
         if launch.container is None:
             return super()._command(launch, job_dir, env, token, enforced)
         image = launch.container
+        ws = launch.workspace
         try:
             tenant = self.podman.ready(launch.uid, launch.gid, launch.home)
-            staged = self.images.ensure_loaded(tenant, image)
+            existing = self._existing_workspace(tenant, launch.job_id, gpus_label(launch.gpu_indices)) \
+                if ws is not None else None
+            staged = self.images.ensure_loaded(tenant, image) if existing is None else None
         except (PodmanSetupError, ImageError, OSError, subprocess.TimeoutExpired) as e:
             raise RunnerError(str(e)) from e
         files = self.podman.root / "jobs" / str(launch.job_id)
-        shutil.rmtree(files, ignore_errors=True)
-        files.mkdir(mode=0o700)
-        os.chown(files, launch.uid, launch.gid)
+        layer = None
+        if existing is not None and existing[1]:
+            layer = self._recommit(tenant, launch.job_id)  # other GPUs now: its layer goes into a new container
+        if existing is None or layer is not None:
+            shutil.rmtree(files, ignore_errors=True)
+            files.mkdir(mode=0o700)
+            os.chown(files, launch.uid, launch.gid)
 
         inner = _renumbered(env)
         inner.update({"PIP_CACHE_DIR": f"{CACHE_MOUNT}/pip", "HF_HOME": f"{CACHE_MOUNT}/huggingface",
                       "TORCH_HOME": f"{CACHE_MOUNT}/torch", "MTGPU_CACHE_DIR": CACHE_MOUNT,
                       "MTGPU_CONTAINER_IMAGE": image})
+        ws_token = None
+        if ws is not None:
+            inner.update(dict(ws.env))
+            if ws.token_env:
+                ws_token = launch.ws_token or secrets.token_urlsafe(24)
+                inner[ws.token_env] = ws_token
         for k, v in inner.items():
             if "\n" in v or "\0" in v or "=" in k:
                 raise RunnerError(f"the environment variable {k} has a newline in its value; a container cannot get it")
-        self._write_owned(files / "env", "".join(f"{k}={v}\n" for k, v in sorted(inner.items())), launch, 0o600)
-        self._write_owned(files / "script", launch.script, launch, 0o500)
 
-        name = container_name(launch.job_id, token)
+        digest, run_as = (staged[0], staged[1]) if staged else (None, image)  # a staged image runs by its id
+        penv = tenant.env()
+        penv.update({"MTGPU_JOB_ID": str(launch.job_id), "MTGPU_RUN_TOKEN": token, "USER": env.get("USER", ""),
+                     "LOGNAME": env.get("LOGNAME", "")})
+        state = {"runner": "podman", "container": {"image": image, "digest": digest, "uid": launch.uid,
+                                                   "gid": launch.gid, "home": launch.home, "files": str(files)}}
+        enforced["container"] = f"rootless podman, {image}" + (f" ({digest[:19]})" if digest else "")
+        if "memory" in enforced and enforced["memory"].startswith("setrlimit"):
+            enforced["memory"] = "not enforced (no memory cgroup; RLIMIT_AS would break podman)"
+            enforced.pop("mem_fallback", None)
+        if ws is not None and existing is not None and not existing[1]:
+            # Made for these GPUs before: start it again as it is (its layer, its ports).
+            name, ports = workspace_container(launch.job_id), existing[0].ports
+            state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
+            enforced["container_limits"] = "the job's cgroup around the container"
+            return Command([PODMAN, "start", "--attach", name], penv, script_arg=False, state=state,
+                           rlimit_as_ok=False)
+        if layer is not None:
+            run_as = layer
+
+        self._write_owned(files / "env", "".join(f"{k}={v}\n" for k, v in sorted(inner.items())), launch, 0o600)
         gang = bool(env.get("MTGPU_NNODES"))
-        argv = [PODMAN, "run", "--rm", "--init", "--pull=never", "--userns=keep-id", "--name", name,
-                "--label", f"mtgpu.job={launch.job_id}", "--label", f"mtgpu.node={self.node_name}",
-                "--label", f"mtgpu.run={token}", "--network", "host" if gang else self.network,
-                "--env-file", str(files / "env"), "--workdir", launch.workdir,
-                "--shm-size", str(shm_bytes(launch.mem_bytes)),
-                "-v", f"{launch.home}:{launch.home}",
-                "-v", f"{self.cache_volume}:{CACHE_MOUNT}",
-                "-v", f"{files / 'script'}:{SCRIPT_MOUNT}:ro"]
+        network = "host" if gang else self.network
+        if ws is not None:
+            name = workspace_container(launch.job_id)
+            if ws.ports and network in ("host", "none"):
+                raise RunnerError(f"workspace ports {list(ws.ports)} cannot be published: this node's "
+                                  f"[CONTAINERS] network is {network!r}; an admin sets network = \"slirp4netns\"")
+            ports = dict(zip(ws.ports, pick_host_ports(len(ws.ports))))
+            self._write_owned(files / "entry", entry_script(ws), launch, 0o500)
+            argv = [PODMAN, "run", "--init", "--pull=never", "--userns=keep-id", "--name", name,
+                    "--label", f"{WS_LABEL}={launch.job_id}", "--label", f"{GPUS_LABEL}={gpus_label(launch.gpu_indices)}",
+                    *[a for k, v in ws.labels for a in ("--label", f"{k}={v}")], *publish_args(ports)]
+            state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
+        else:
+            name = container_name(launch.job_id, token)
+            self._write_owned(files / "script", launch.script, launch, 0o500)
+            argv = [PODMAN, "run", "--rm", "--init", "--pull=never", "--userns=keep-id", "--name", name]
+            state["container"]["name"] = name
+        argv += ["--label", f"mtgpu.job={launch.job_id}", "--label", f"mtgpu.node={self.node_name}",
+                 "--label", f"mtgpu.run={token}", "--network", network,
+                 "--env-file", str(files / "env"),
+                 "--workdir", (ws.container_workdir if ws is not None and ws.container_workdir else launch.workdir),
+                 "--shm-size", str(shm_bytes(launch.mem_bytes)),
+                 "-v", f"{launch.home}:{launch.home}",
+                 "-v", f"{self.cache_volume}:{CACHE_MOUNT}"]
+        if ws is None:
+            argv += ["-v", f"{files / 'script'}:{SCRIPT_MOUNT}:ro"]
+        else:
+            argv += ["-v", f"{files / 'entry'}:{ENTRY_MOUNT}:ro"]
+            for source, target, ro in ws.mounts:
+                argv += ["-v", f"{source}:{target}" + (":ro" if ro else "")]
         for path in self.read_only:
             if os.path.exists(path):
                 argv += ["-v", f"{path}:{path}:ro"]
@@ -137,25 +194,68 @@ class ContainerRunner(NativeRunner):
             if launch.mem_bytes:
                 argv += ["--memory", str(launch.mem_bytes)]
             limits = "podman (cgroup v2) and the job's cgroup"
-        interp = _interpreter(launch.script)
-        digest, run_as = (staged[0], staged[1]) if staged else (None, image)  # a staged image runs by its id
-        if launch.script.startswith("#!"):
-            argv += [run_as, *interp, SCRIPT_MOUNT]
+        if ws is not None:
+            argv += [*ws.run_args, run_as, "/bin/sh", ENTRY_MOUNT, *ws.command]
+        elif launch.script.startswith("#!"):
+            argv += [run_as, *_interpreter(launch.script), SCRIPT_MOUNT]
         else:  # bash when the image has it (as natively), else its sh
             argv += [run_as, "/bin/sh", "-c", 'if [ -x /bin/bash ]; then exec /bin/bash "$0"; fi; exec /bin/sh "$0"',
                      SCRIPT_MOUNT]
-        penv = tenant.env()
-        penv.update({"MTGPU_JOB_ID": str(launch.job_id), "MTGPU_RUN_TOKEN": token, "USER": env.get("USER", ""),
-                     "LOGNAME": env.get("LOGNAME", "")})
-        enforced["container"] = f"rootless podman, {image}" + (f" ({digest[:19]})" if digest else "")
         enforced["container_limits"] = limits
-        if "memory" in enforced and enforced["memory"].startswith("setrlimit"):
-            enforced["memory"] = "not enforced (no memory cgroup; RLIMIT_AS would break podman)"
-            enforced.pop("mem_fallback", None)
-        state = {"runner": "podman", "container": {"name": name, "image": image, "digest": digest,
-                                                   "uid": launch.uid, "gid": launch.gid, "home": launch.home,
-                                                   "files": str(files)}}
         return Command(argv, penv, script_arg=False, state=state, rlimit_as_ok=False)
+
+    # ------------------------------------------------------------ workspaces
+    def _existing_workspace(self, tenant, job_id: int, gpus: str) -> tuple[Existing, bool] | None:
+        """The workspace's container when it exists: (what it is, whether it must be made
+        again because it was made for other GPUs); None when there is none."""
+        r = tenant.run(["container", "inspect", workspace_container(job_id)], timeout_s=60)
+        if r.returncode != 0:
+            return None
+        found = parse_inspect(r.stdout.decode(errors="replace"))
+        if found is None:
+            return None
+        return found, found.gpus != gpus
+
+    def _recommit(self, tenant, job_id: int) -> str:
+        name = workspace_container(job_id)
+        r = tenant.run(["commit", "--quiet", name, layer_image(job_id)], timeout_s=600)
+        if r.returncode != 0:
+            raise RunnerError(f"workspace container {name}: its layer could not be kept: {last_error(r)}")
+        tenant.run(["rm", "--force", "--ignore", name], timeout_s=60)
+        return layer_image(job_id)
+
+    def workspace_info(self, job_id: int) -> dict | None:
+        """What a started workspace published: {"container", "ports", "token"}; None for a job."""
+        run = self._runs.get(job_id)
+        c = run.state.get("container") if run is not None else None
+        if not c or not c.get("workspace"):
+            return None
+        return {"container": c["name"], "ports": {str(k): v for k, v in c.get("ports", {}).items()},
+                "token": c.get("token")}
+
+    def stop(self, job_id: int, grace_s: float = 5.0) -> None:
+        """A workspace is stopped by podman (its container kept, its state clean), then as a job."""
+        run = self._runs.get(job_id)
+        c = run.state.get("container") if run is not None else None
+        if c and c.get("workspace"):
+            tenant = self.podman.tenant(c["uid"], c["gid"], c["home"])
+            try:
+                tenant.run(["stop", "--time", str(max(1, int(grace_s))), c["name"]], timeout_s=grace_s + 60)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                log.warning("workspace container %s: podman stop failed: %s", c["name"], e)
+        super().stop(job_id, grace_s)
+
+    def remove_workspace(self, job_id: int, uid: int, gid: int, home: str) -> bool:
+        """`mt-container rm`: the container, its committed layer and its files."""
+        tenant = self.podman.tenant(uid, gid, home)
+        removed = self._remove_container({"uid": uid, "gid": gid, "home": home, "name": workspace_container(job_id)})
+        try:
+            tenant.run(["rmi", "--force", "--ignore", layer_image(job_id)], timeout_s=120)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if removed:
+            shutil.rmtree(self.podman.root / "jobs" / str(job_id), ignore_errors=True)
+        return removed
 
     @staticmethod
     def _write_owned(path: Path, text: str, launch: Launch, mode: int) -> None:
@@ -182,8 +282,8 @@ class ContainerRunner(NativeRunner):
         run = self._runs.get(job_id)
         super().cleanup(job_id)
         c = run.state.get("container") if run is not None else None
-        if not c:
-            return
+        if not c or c.get("workspace"):
+            return  # a workspace's container is kept until the workspace is removed
         ended = run.exit
         if ended is not None and ended.natural and ended.signal is None and ended.exit_code not in PODMAN_EXITS:
             removed = True  # podman run --rm removed it before it exited
@@ -219,11 +319,12 @@ class ContainerRunner(NativeRunner):
             tenant = self.podman.tenant(account.pw_uid, account.pw_gid, account.pw_dir)
             try:
                 r = tenant.run(["ps", "-a", "--filter", f"label=mtgpu.node={self.node_name}", "--format",
-                                '{{.Names}} {{index .Labels "mtgpu.run"}}'], timeout_s=60)
+                                '{{.Names}} {{index .Labels "mtgpu.run"}} {{index .Labels "' + WS_LABEL + '"}}'],
+                               timeout_s=60)
             except (OSError, subprocess.TimeoutExpired):
                 continue
             for line in r.stdout.decode(errors="replace").splitlines():
-                parts = line.split()
+                parts = line.split()  # a workspace's container (third field) goes with its workspace
                 if len(parts) == 2 and parts[1] not in active_tokens:
                     if self._remove_container({"uid": tenant.uid, "gid": tenant.gid, "home": tenant.home,
                                                "name": parts[0]}):

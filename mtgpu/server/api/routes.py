@@ -26,6 +26,7 @@ from .identity import Caller, caller_from_peer
 from .logs import LogResponse
 from .service import MemberService, ServiceError
 from .tenants import TenantService
+from .workspaces import WorkspaceRequest, WorkspaceService
 
 
 class SubmitRequest(BaseModel):
@@ -165,6 +166,27 @@ def add_job_routes(app: FastAPI, service: MemberService, identify) -> None:
                   rank: int = 0) -> LogResponse:
         """The job's log from `offset` (or its last `tail` lines) to its size now, as raw bytes."""
         return LogResponse(await logs.job_log(service, await identify(request), job_id, offset, tail, rank))
+
+    workspaces = WorkspaceService(service)
+
+    @app.post("/v1/workspaces")
+    async def ws_create(body: WorkspaceRequest, request: Request) -> dict:
+        return await workspaces.create(await identify(request), body)
+
+    @app.get("/v1/workspaces")
+    async def ws_list(request: Request, all: bool = False) -> list[dict]:
+        return await run_in_threadpool(workspaces.list, await identify(request), all)
+
+    @app.get("/v1/workspaces/{name}")
+    async def ws_show(name: str, request: Request) -> dict:
+        return await run_in_threadpool(workspaces.show, await identify(request), name)
+
+    @app.post("/v1/workspaces/{name}/{action}")
+    async def ws_action(name: str, action: str, request: Request) -> dict:
+        do = {"stop": workspaces.stop, "start": workspaces.start, "rm": workspaces.remove}.get(action)
+        if do is None:
+            raise ServiceError(404, f"no workspace action {action!r}; the actions are stop, start and rm")
+        return await run_in_threadpool(do, await identify(request), name)
 
 
 def public_app(service: MemberService, tenants: TenantService) -> FastAPI:

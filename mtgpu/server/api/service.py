@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from ...agent.podman.tenant import PODMAN, PodmanSetupError
 from ...jobfile import JobFileError, parse_job_file
-from ...model.job import Job, JobState
+from ...model.job import Job, JobSpec, JobState
 from ...sched import check_satisfiable
 from ...state import commands as C
 from ...state.store import ReplicationError, commit
@@ -100,12 +100,17 @@ class MemberService:
             # A relative workdir= is the submitter's: below where it submitted from, else its home.
             base = workdir or home_of(caller.uid, str(Path(self.config.TENANT_HOME_ROOT) / caller.name))
             spec = replace(spec, workdir=os.path.normpath(os.path.join(base, spec.workdir)))
+        return await self.submit_spec(caller, spec)
+
+    async def submit_spec(self, caller: Caller, spec: JobSpec, what: str = "job") -> dict:
+        """Commit a parsed request (a job, or a workspace: `what`) as the caller's, after the
+        checks every submission passes: satisfiable somewhere, the caller's disk quota."""
         machine = self.store.machine
         with self.store.lock:
             snapshot = build_snapshot(machine, {})
         reason = check_satisfiable(spec, snapshot)
         if reason:
-            raise ServiceError(422, f"refused: no node of this cluster can ever run this job: {reason}", refused=True)
+            raise ServiceError(422, f"refused: no node of this cluster can ever run this {what}: {reason}", refused=True)
         warning = await run_in_threadpool(self._check_disk, caller)
         now = self.clock()
         t = machine.tenants.get(caller.name)

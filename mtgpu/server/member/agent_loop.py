@@ -88,13 +88,14 @@ class AgentLoop:
             late_wanted = set()
             for job_id, run in runs.items():
                 job = machine.jobs.get(job_id)
-                if job is not None and any(h["attempt"] == run.attempt and self.node_name in h["nodes"]
+                if job is not None and job.spec.workspace is None and any(h["attempt"] == run.attempt and self.node_name in h["nodes"]
                                            and "late" not in h for h in job.history):
                     late_wanted.add((job_id, run.attempt))
         for action in reconcile(placed, runs, set(self._unsent), late_wanted, in_sync, now, self.node_name,
                                 frozenset(self._refused)):
             self._apply_action(action, runs)
         self._send_reports()
+        self.remove_workspaces(set(runs))
         jobs_known = len(self.store.machine.jobs)
         if now >= self._next_log_sweep or jobs_known < self._jobs_known:  # jobs were forgotten
             self._next_log_sweep = now + LOG_SWEEP_EVERY_S
@@ -203,6 +204,8 @@ class AgentLoop:
             lease_path=str(self.lease.path) if self.lease else None,
             lease_s=self.lease.timeout_s if self.lease else None,
             container=job.spec.container,
+            workspace=job.spec.workspace,
+            ws_token=job.ws.get("token"),
         )
         try:
             enforced = self.agent.start(launch, attempt=job.attempt)
@@ -214,7 +217,30 @@ class AgentLoop:
             return
         if rank == 0:
             note = {"reason": ""} if job.reason.startswith("staging image") else {}
+            ws = self._workspace_info(job.id)
+            if ws is not None:
+                note["ws"] = {"node": self.node_name, "removed": False, **ws}
             try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, enforced=enforced, attempt=job.attempt, **note)
+
+    def _workspace_info(self, job_id: int) -> dict | None:
+        runner = self.agent.runner
+        return runner.workspace_info(job_id) if hasattr(runner, "workspace_info") else None
+
+    def remove_workspaces(self, running: set[int]) -> None:
+        """Remove the containers of this member's workspaces that were removed
+        (`mt-container rm`: the job is cancelled) and say so in the state, once."""
+        runner = self.agent.runner
+        if not hasattr(runner, "remove_workspace"):
+            return
+        with self.store.lock:
+            gone = [j for j in self.store.machine.jobs.values() if j.spec.workspace is not None and j.state.final
+                    and j.ws.get("node") == self.node_name and j.ws.get("removed") is False
+                    and j.id not in running]
+        for job in gone:
+            home = home_of(job.uid, str(Path(self.home_root) / job.tenant))
+            if runner.remove_workspace(job.id, job.uid, job.gid, home):
+                log.info("workspace %s (job %d): its container was removed", job.spec.workspace.name, job.id)
+                try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, ws={"removed": True})
 
     def _send_reports(self) -> None:
         for job_id, rep in list(self._unsent.items()):

@@ -1,0 +1,236 @@
+"""mt-container: workspaces, long-running containers you develop in (docs/WORKSPACES.md).
+
+    mt-container create --template jupyter --gpus 1      a workspace from a template of this node
+    mt-container create --image localhost/base:1 --port 8000
+    mt-container create --devcontainer ~/project         from the project's devcontainer.json
+    mt-container list | show WS | ports WS | logs WS [-f]
+    mt-container shell WS | exec WS -- CMD...            a terminal or a command inside
+    mt-container stop WS | start WS | rm WS              release the GPUs (keeping the container), ...
+
+Its resources are reserved by the scheduler when it is created, as a job's are: it is
+placed now, queued with the reason, or refused at once when no node could ever hold it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from typing import List, Optional
+
+import typer
+
+from ..client.local import ClientError, LocalClient
+from .common import err, fail, out, print_json, request
+from .joblog import FOLLOW, TAIL, print_log
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+QUEUED_WAIT_S = 15.0
+SHELL = 'if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l'
+
+
+def _client() -> LocalClient:
+    return LocalClient()
+
+
+def _resources(gpus, vram, cpus, mem, gpu_mode, server) -> dict[str, str]:
+    given = {"gpus": gpus, "vram": vram, "cpus": cpus, "mem": mem, "gpu-mode": gpu_mode, "server": server}
+    return {k: str(v) for k, v in given.items() if v is not None}
+
+
+@app.command()
+def create(
+    template: Optional[str] = typer.Option(None, "--template", "-t", help="a template of the node (see the error "
+                                                                          "without one for the list)"),
+    image: Optional[str] = typer.Option(None, "--image", help="an image the cluster offers (or yours, where allowed)"),
+    devcontainer: Optional[str] = typer.Option(None, "--devcontainer", help="a project folder or its "
+                                                                            "devcontainer.json"),
+    name: Optional[str] = typer.Option(None, "--name", help="default: from the template, image or project"),
+    gpus: Optional[str] = typer.Option(None, "--gpus"), vram: Optional[str] = typer.Option(None, "--vram"),
+    cpus: Optional[str] = typer.Option(None, "--cpus"), mem: Optional[str] = typer.Option(None, "--mem"),
+    gpu_mode: Optional[str] = typer.Option(None, "--gpu-mode"),
+    server: Optional[str] = typer.Option(None, "--server", help="on this member only"),
+    port: List[int] = typer.Option([], "--port", "-p", help="a container port to publish (repeat for more)"),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="wait until it runs (or says why it cannot yet)"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Create a workspace: its resources are reserved now (or it queues, saying why)."""
+    body: dict = {"name": name, "template": template, "image": image, "ports": port,
+                  "resources": _resources(gpus, vram, cpus, mem, gpu_mode, server)}
+    if devcontainer is not None:
+        from .devcontainer import read_devcontainer
+
+        body["devcontainer"] = read_devcontainer(devcontainer)
+    try:
+        with _client() as c:
+            r = c.create_workspace(body)
+            if r.get("warning"):
+                err.print(f"warning: {r['warning']}", markup=False)
+            ws = c.workspace(r["name"])
+            queued_until = time.monotonic() + QUEUED_WAIT_S  # then it stays queued, and says why
+            while wait and ws["state"] == "queued" and time.monotonic() < queued_until:
+                time.sleep(0.05)
+                ws = c.workspace(r["name"])
+            deadline = time.monotonic() + 900  # staging an image can take that long
+            while wait and ws["state"] == "running" and ws["workspace"]["container"] is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+                ws = c.workspace(r["name"])
+    except ClientError as e:
+        fail(e)
+    if json_out:
+        print_json(ws)
+        return
+    _print_summary(ws)
+
+
+def _print_summary(ws: dict) -> None:
+    w = ws["workspace"]
+    state = ws["state"] + (f" on {w['node']}" if ws["state"] == "running" and w["node"] else "")
+    out.print(f"workspace {w['name']} (job {ws['id']}): {state}" + (f": {ws['reason']}" if ws["reason"] else ""),
+              markup=False)
+    for p in w["ports"]:
+        if p["url"]:
+            out.print(f"  port {p['port']}: {p['url']}", markup=False)
+
+
+@app.command("list")
+def list_(all_: bool = typer.Option(False, "--all", help="every tenant's (admins)"),
+          json_out: bool = typer.Option(False, "--json")) -> None:
+    """Your workspaces."""
+    items = request(_client, lambda c: c.workspaces(all_tenants=all_))
+    if json_out:
+        print_json(items)
+        return
+    from rich.table import Table
+
+    table = Table("NAME", "ID", "STATE", "NODE", "IMAGE", "GPUS", "PORTS", "REASON", box=None)
+    for ws in items:
+        w = ws["workspace"]
+        ports = ",".join(f"{p['port']}->{p['host_port']}" if p["host_port"] else str(p["port"]) for p in w["ports"])
+        gpus = ",".join(str(g["index"]) for g in ws["gpus"]) if ws["state"] == "running" else "-"
+        table.add_row(w["name"], str(ws["id"]), ws["state"], w["node"] or "-", w["image"] or "-", gpus or "-",
+                      ports or "-", ws["reason"] or "")
+    out.print(table)
+
+
+@app.command()
+def show(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
+    """One workspace in full: where it runs, what it holds, why it waits or stopped."""
+    ws = request(_client, lambda c: c.workspace(name))
+    if json_out:
+        print_json(ws)
+        return
+    w, spec = ws["workspace"], ws["spec"]
+    rows = [("name", w["name"]), ("job", ws["id"]), ("state", ws["state"]), ("reason", ws["reason"] or "-"),
+            ("source", w["source"]), ("image", w["image"]), ("node", w["node"] or "-"),
+            ("container", w["container"] or "-"),
+            ("gpus", ",".join(f"{g['node']}:{g['index']}" for g in ws["gpus"]) or "-"),
+            ("cpus", spec["cpus"] or "-"), ("mem", spec["mem_bytes"] or "-"),
+            ("command", shlex.join(w["command"]) if w["command"] else "(none: kept up idle)")]
+    rows += [("port", f"{p['port']} -> {p['url'] or 'not published yet'}") for p in w["ports"]]
+    for h in ws.get("history") or []:
+        rows.append(("history", f"attempt {h['attempt']} on {','.join(h['nodes']) or '-'}: {h['outcome']}"))
+    for k, v in rows:
+        out.print(f"{k:>10}  {v}", markup=False)
+
+
+@app.command()
+def ports(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Its published ports: on the node's loopback; from a laptop, `remotegpu-cli forward WS PORT`."""
+    ws = request(_client, lambda c: c.workspace(name))
+    if json_out:
+        print_json(ws["workspace"]["ports"])
+        return
+    if not ws["workspace"]["ports"]:
+        out.print(f"workspace {name} publishes no port (create it with --port N)", markup=False)
+    for p in ws["workspace"]["ports"]:
+        out.print(f"{p['port']}: {p['url'] or 'not published (the workspace is not running)'}", markup=False)
+
+
+def _action(name: str, action: str, json_out: bool) -> None:
+    r = request(_client, lambda c: c.workspace_action(name, action))
+    if json_out:
+        print_json(r)
+    elif action == "rm":
+        out.print(f"removed workspace {r['removed']}", markup=False)
+    else:
+        _print_summary(r)
+
+
+@app.command()
+def stop(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Stop it: its GPUs and reservation are released, its container (and what you installed) kept."""
+    _action(name, "stop", json_out)
+
+
+@app.command()
+def start(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Start a stopped workspace again, on the member that keeps its container."""
+    _action(name, "start", json_out)
+
+
+@app.command()
+def rm(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Remove it: its reservation, its container and its layer."""
+    _action(name, "rm", json_out)
+
+
+@app.command(help="Print the workspace's output (its command's, and its lifecycle commands').")
+def logs(name: str, follow: bool = FOLLOW, tail: Optional[int] = TAIL) -> None:
+    ws = request(_client, lambda c: c.workspace(name))
+    print_log(_client, ws["id"], follow, None, tail, 0)
+
+
+def _podman_exec(name: str, argv: list[str], tty: bool) -> None:
+    """podman exec into the workspace, as the calling tenant, on this node."""
+    if os.geteuid() == 0:
+        fail("mt-container shell/exec run as the workspace's tenant; root uses podman itself", 2)
+    try:
+        with _client() as c:
+            ws = c.workspace(name)
+            here = c.health()["node"]
+            w = ws["workspace"]
+            if ws["state"] != "running" or not w["container"]:
+                fail(f"workspace {name} is {ws['state']}" + (f" ({ws['reason']})" if ws["reason"] else "")
+                     + f"; `mt-container start {name}` starts it", 1)
+            if w["node"] != here:
+                fail(f"workspace {name} runs on {w['node']}, not on {here}: run this there, or "
+                     f"`ssh -o SetEnv=MTGPU_WORKSPACE={name} {ws['tenant']}@{w['node']}`", 1)
+            got = c.podman_env()
+    except ClientError as e:
+        fail(e)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_") and k != "XDG_RUNTIME_DIR"}
+    env.update(got["env"])
+    env["HOME"] = os.environ.get("HOME") or got["env"]["HOME"]
+    podman = got.get("podman") or "podman"
+    flags = ["-i"] + (["-t"] if tty else [])
+    term = ["-e", f"TERM={os.environ['TERM']}"] if tty and os.environ.get("TERM") else []
+    os.execve(podman, [podman, "exec", *flags, *term, w["container"], *argv], env)
+
+
+@app.command()
+def shell(name: str) -> None:
+    """A terminal inside the workspace (bash when the image has it, else sh)."""
+    _podman_exec(name, ["/bin/sh", "-c", SHELL], sys.stdin.isatty())
+
+
+@app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def exec_(ctx: typer.Context, name: str) -> None:
+    """Run a command inside: mt-container exec WS -- CMD ARGS..."""
+    argv = list(ctx.args)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        fail("give the command after --, e.g. mt-container exec WS -- nvidia-smi", 2)
+    _podman_exec(name, argv, sys.stdin.isatty() and sys.stdout.isatty())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,115 @@
+"""`mt-container create --devcontainer PATH`: read the devcontainer.json as the tenant
+(mtgpu/workspaces), build its image when it has a `build` (`podman build --pull=never`,
+as the tenant, in the tenant's store on this node), and say what the node is asked for.
+
+What becomes of each key is in docs/WORKSPACES.md; the node checks again what it must
+never take from a tenant (mounts outside the home, runArgs off the allow-list).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+
+from ..client.local import ClientError, LocalClient
+from ..workspaces.devcontainer import DevContainer, load_devcontainer
+from ..workspaces.errors import DevContainerError
+from ..workspaces.sections import Command
+from .common import err, fail
+
+POST_CREATE_HOOKS = ("onCreateCommand", "updateContentCommand", "postCreateCommand")
+POST_START_HOOKS = ("postStartCommand", "postAttachCommand")
+
+
+def _shell(c: Command) -> str:
+    return c.shell if c.shell is not None else shlex.join(c.argv)
+
+
+def _hooks(dc: DevContainer, hooks: tuple[str, ...]) -> list[str]:
+    """The commands of these hooks, in order; an object form's commands run one after another."""
+    return [_shell(c) for h in hooks for c in dc.lifecycle.get(h, ())]
+
+
+def metadata(dc: DevContainer) -> str:
+    """The `devcontainer.metadata` label VS Code's "Attach to Running Container" reads."""
+    entry: dict = {}
+    if dc.remote_user:
+        entry["remoteUser"] = dc.remote_user
+    if dc.container_env:
+        entry["containerEnv"] = dict(dc.container_env)
+    remote = {k: v for k, v in dc.remote_env.items() if v is not None}
+    if remote:
+        entry["remoteEnv"] = remote
+    ports = list(dc.forward_ports) + [p.container_port for p in dc.app_ports]
+    if ports:
+        entry["forwardPorts"] = ports
+    return json.dumps([entry], sort_keys=True)
+
+
+def parts(dc: DevContainer, image: str) -> dict:
+    """What the node is sent (server/api/workspaces.DevcontainerParts)."""
+    mounts = []
+    for m in (dc.workspace_mount, *dc.mounts):
+        if m.type != "bind" or m.source is None:
+            fail(f"{dc.config_path}: the {m.type} mount at {m.target} is not available yet: a workspace takes bind "
+                 "mounts of folders in your home; use one of those instead", 2)
+        mounts.append([m.source, m.target, m.read_only])
+    env = dict(dc.container_env)
+    env.update({k: v for k, v in dc.remote_env.items() if v is not None})
+    if _hooks(dc, ("initializeCommand",)):
+        fail(f"{dc.config_path}: initializeCommand runs on the machine that creates the container; it is not "
+             "available yet: run it yourself first and remove it from the file", 2)
+    return {"path": dc.config_path, "name": dc.name, "image": image, "env": env,
+            "ports": list(dict.fromkeys([*dc.forward_ports, *(p.container_port for p in dc.app_ports)])),
+            "post_create": _hooks(dc, POST_CREATE_HOOKS), "post_start": _hooks(dc, POST_START_HOOKS),
+            "mounts": mounts, "workdir": dc.workspace_folder, "metadata": metadata(dc),
+            "resources": dc.reservation.directives(), "run_args": list(dc.run_args)}
+
+
+def build_image(dc: DevContainer) -> tuple[str, str]:
+    """`podman build --pull=never` of its `build`, as the tenant, into the tenant's store on
+    this node: (the image's tag, this node, where the workspace must then run)."""
+    b = dc.build
+    tag = "localhost/devcontainer-" + hashlib.sha256(dc.config_path.encode()).hexdigest()[:12] + ":latest"
+    try:
+        with LocalClient() as c:
+            got = c.podman_env()
+            here = c.health()["node"]
+    except ClientError as e:
+        fail(e)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_") and k != "XDG_RUNTIME_DIR"}
+    env.update(got["env"])
+    env["HOME"] = os.environ.get("HOME") or got["env"]["HOME"]
+    argv = [got.get("podman") or "podman", "build", "--pull=never", "-f", b.dockerfile, "-t", tag]
+    for k, v in sorted(b.args.items()):
+        argv += ["--build-arg", f"{k}={v}"]
+    if b.target:
+        argv += ["--target", b.target]
+    argv.append(b.context)
+    err.print(f"building {tag} from {b.dockerfile} (podman build --pull=never)", markup=False)
+    r = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        fail(f"{dc.config_path}: podman build failed (status {r.returncode}): "
+             + (r.stderr.strip().splitlines() or ["no message"])[-1], 1)
+    return tag, here
+
+
+def read_devcontainer(path: str) -> dict:
+    if os.geteuid() == 0:
+        fail("--devcontainer is read as the tenant who creates the workspace; root cannot", 2)
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    try:
+        dc = load_devcontainer(path, home=os.path.realpath(home), env=dict(os.environ))
+    except DevContainerError as e:
+        fail(str(e), 2)
+    if dc.ignored_keys:
+        err.print(f"note: {dc.config_path}: not acted on: {', '.join(dc.ignored_keys)}", markup=False)
+    if dc.build is None:
+        return parts(dc, dc.image)
+    image, here = build_image(dc)
+    out = parts(dc, image)
+    out["resources"].setdefault("server", here)
+    return out
