@@ -73,6 +73,10 @@ class LocalAgent:
         self._last_gpus = self.backend.sample()
         return self._last_gpus, sample_host()
 
+    def last_gpus(self) -> list[GpuInfo]:
+        """The GPUs as last sampled."""
+        return list(self._last_gpus)
+
     # ------------------------------------------------------------ acting
     def start(self, launch: Launch, attempt: int = 0) -> dict:
         """Start one rank of a job; returns what was enforced. Raises RunnerError when it cannot start.

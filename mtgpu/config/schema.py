@@ -304,6 +304,10 @@ class ContainersConfig(BaseModel):
         "off", description="stop a workspace with no session attached, no connection to its ports and no CPU or GPU "
                            "work for this long (its GPUs are released, its layer kept); \"off\" never")
 
+    @property
+    def idle_timeout_s(self) -> float | None:
+        return None if self.idle_timeout == "off" else parse_duration(self.idle_timeout)
+
     def allowed_images(self) -> list[str]:
         """The images this node stages and offers: `images`, then the templates' images."""
         out = list(self.images)

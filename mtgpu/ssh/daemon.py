@@ -20,11 +20,13 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from mtgpu.agent import procs
+import mtgpu
 from mtgpu.ssh import wrapper as wrapper_module
 from mtgpu.ssh.config import (
     PERSISTENT_TERMINAL_MODES,
@@ -167,8 +169,17 @@ class TenantSshd:
         text = render_sshd_config(
             self.listen_host, self.listen_port, [str(self.host_key_path)], str(self.pid_path),
             str(self.keys_dir / "%u"), self.tenant_group, wrapper, self.persistent_terminals,
-            set_env={"MTGPU_SOCKET": str(self.state_dir / "mtgpu.sock")})
+            set_env=self._session_env())
         _atomic_write(self.config_path, text, 0o644)
+
+    def _session_env(self) -> dict[str, str]:
+        """What every session gets: this node's socket, and how to run mt-container for
+        a login into a workspace (the server's own Python and package)."""
+        env = {"MTGPU_SOCKET": str(self.state_dir / "mtgpu.sock"), "MTGPU_PYTHON": sys.executable}
+        root = str(Path(mtgpu.__file__).resolve().parent.parent)
+        if not any(c.isspace() or c == '"' for c in root):
+            env["MTGPU_PKG_ROOT"] = root
+        return env
 
     def set_authorized_keys(self, user: str, keys: list[str]) -> None:
         """Replace `user`'s keys (atomic; root-owned 0644: the tenant can read, not change them)."""

@@ -11,7 +11,10 @@ but the standard library and starts in a few milliseconds. sshd runs it for ever
   login shell, by PERSISTENT_TERMINALS (`--terminals on|optional|off`) and the
   tenant's choice for this terminal (MTGPU_TERMINAL) or for all of them
   (~/.mtgpu/no-tmux, ~/.mtgpu/tmux);
-* no terminal and no command (`ssh -T host`, piped stdin) -> plain login shell.
+* no terminal and no command (`ssh -T host`, piped stdin) -> plain login shell;
+* MTGPU_WORKSPACE=NAME (`ssh -o SetEnv=MTGPU_WORKSPACE=NAME`): the same, inside the
+  tenant's workspace NAME (`mt-container shell`/`exec`), in a tmux session `ws-NAME`
+  per PERSISTENT_TERMINALS; sftp stays on the node.
 
 Do not import anything of mtgpu here: this file runs outside the package.
 """
@@ -105,10 +108,43 @@ def _user_shell():
     return shell or "/bin/sh"
 
 
+def workspace_argv(name, command, use_tmux, tmux, session):
+    """What an SSH login into the workspace `name` runs (None: `name` is not a name)."""
+    if not _SESSION_RE.match(name):
+        return None
+    python = os.environ.get("MTGPU_PYTHON") or "/usr/bin/python3"
+    base = [python, "-m", "mtgpu.cli.container"]
+    if command is not None:
+        return base + ["exec", name, "--", "/bin/sh", "-c", command]
+    if use_tmux and tmux:
+        return [tmux, "new-session", "-A", "-s", "ws-" + name if session == DEFAULT_SESSION else session,
+                " ".join(_quote(a) for a in base + ["shell", name])]
+    return base + ["shell", name]
+
+
+def _quote(word):
+    return word if re.match(r"^[A-Za-z0-9_./=:-]+$", word) else "'" + word.replace("'", "'\\''") + "'"
+
+
 def main(argv):
     opts = _parse_args(argv)
     shell = _user_shell()
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
+    workspace = os.environ.get("MTGPU_WORKSPACE")
+    if workspace and not (command or "").startswith("internal-sftp"):
+        has_tty = os.isatty(0) and os.isatty(1)
+        use_tmux, session, warning = terminal_choice(
+            opts["terminals"], os.environ.get("MTGPU_TERMINAL"), os.environ.get("HOME"), has_tty)
+        if warning:
+            sys.stderr.write(warning + "\n")
+        target = workspace_argv(workspace, command, use_tmux, _first_executable(opts["tmux"], TMUX_CANDIDATES),
+                                session)
+        if target is None:
+            sys.stderr.write(f"mtgpu: MTGPU_WORKSPACE={workspace!r} is not a workspace name\n")
+            return 2
+        if os.environ.get("MTGPU_PKG_ROOT"):
+            os.environ["PYTHONPATH"] = os.environ["MTGPU_PKG_ROOT"]
+        os.execv(target[0], target)
     if command is not None:
         words = command.split()
         if words and words[0] == "internal-sftp":

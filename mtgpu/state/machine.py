@@ -491,7 +491,7 @@ class StateMachine(TenantCommands):
             raise CommandRejected(f"workspace job {job_id} is at attempt {job.attempt}, the stop was for {attempt}")
         self._release(job)
         job.state, job.ended_at, job.exit_code = JobState.STOPPED, at, None
-        job.reason = f"stopped: {reason}" if reason else "stopped"
+        job.reason = reason if reason.startswith("stopped") else (f"stopped: {reason}" if reason else "stopped")
         return {}
 
     def _workspace_start(self, job_id: int, at: float) -> dict:

@@ -210,6 +210,7 @@ def remove_container_leftovers(state_dir: Path, node_name: str) -> None:
     """What a node with containers made outside its folder: the tenants' runtime folders,
     its CDI spec and its simulated GPUs' device nodes (a killed server leaves them)."""
     from mtgpu.agent.podman.cdi import CDI_DIR, remove_sim_nodes, spec_name
+    from mtgpu.agent.podman.ports import chain_name, remove_chain
     from mtgpu.agent.podman.tenant import PodmanHost
 
     host = PodmanHost(state_dir)
@@ -222,6 +223,7 @@ def remove_container_leftovers(state_dir: Path, node_name: str) -> None:
     for p in CDI_DIR.glob(f"mtgpu-{name}*"):
         p.unlink(missing_ok=True)
     remove_sim_nodes(name)
+    remove_chain(chain_name(host.key))  # workspace ports' firewall chain
 
 
 @contextlib.contextmanager

@@ -61,6 +61,7 @@ class ContainerSetup:
         self._threads.append(t)
 
     def close(self) -> None:
+        self.runner.ports.close()
         if self.cdi is not None:
             remove_spec(self.cdi, spec_name(self.node_name, self.podman.key))
 

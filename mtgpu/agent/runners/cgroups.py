@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mtgpu.agent import procs
 
-V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer")
+V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer", "cpuacct")  # cpuacct: usage (idle culling)
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 CPU_PERIOD_US = 100_000
 
@@ -117,6 +117,8 @@ class CgroupManager:
             rel = own.get(c, "/")
             rel = rel[len(mroot):] if mroot != "/" and rel.startswith(mroot) else (rel if mroot == "/" else "/")
             base = Path(mpoint + rel.rstrip("/")) / self.parent
+            if base in self.bases.values():
+                continue  # co-mounted (cpu,cpuacct): one group serves both
             try:
                 base.mkdir(exist_ok=True)
                 if not os.access(base / "cgroup.procs", os.W_OK):
@@ -261,6 +263,24 @@ class CgroupManager:
         for path in cg.paths.values():
             found |= self._procs_of(path)
         return {p for p in found if procs.alive(p)}
+
+    def cpu_seconds(self, job_id: int) -> float | None:
+        """CPU time the job's processes used so far (cpuacct on v1, cpu.stat on v2)."""
+        cg = self._jobs.get(job_id)
+        if cg is None:
+            return None
+        try:
+            if "unified" in cg.paths:
+                for line in _read(os.path.join(cg.paths["unified"], "cpu.stat")).splitlines():
+                    if line.startswith("usage_usec "):
+                        return int(line.split()[1]) / 1e6
+            for ctrl in ("cpuacct", "cpu"):  # its own mount, or co-mounted with cpu
+                usage = os.path.join(cg.paths.get(ctrl, ""), "cpuacct.usage")
+                if ctrl in cg.paths and os.path.exists(usage):
+                    return int(_read(usage)) / 1e9
+        except (OSError, ValueError):
+            return None
+        return None
 
     def signal_all(self, job_id: int, sig: int) -> None:
         for pid in self.pids(job_id):

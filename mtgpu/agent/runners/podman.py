@@ -37,7 +37,8 @@ from pathlib import Path
 from mtgpu.agent.podman.cdi import CdiSpec
 from mtgpu.agent.podman.images import ImageError, ImageStore
 from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, error_line, last_error
-from mtgpu.agent.runners.base import ExitInfo, Launch, RunnerError
+from mtgpu.agent.podman.ports import PortGuard, PortGuardError
+from mtgpu.agent.runners.base import RUNNING, ExitInfo, Launch, RunnerError
 from mtgpu.agent.runners.native import Command, NativeRunner, _interpreter
 from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, entry_script, gpus_label, layer_image,
                                            parse_inspect, pick_host_ports, publish_args, workspace_container)
@@ -88,6 +89,7 @@ class ContainerRunner(NativeRunner):
         self.read_only = list(read_only)
         self.cache_volume = cache_volume
         self.network = network
+        self.ports = PortGuard(podman.key)
 
     # ------------------------------------------------------------ start
     def _command(self, launch: Launch, job_dir: Path, env: dict[str, str], token: str, enforced: dict) -> Command:
@@ -138,6 +140,7 @@ class ContainerRunner(NativeRunner):
         if ws is not None and existing is not None and not existing[1]:
             # Made for these GPUs before: start it again as it is (its layer, its ports).
             name, ports = workspace_container(launch.job_id), existing[0].ports
+            self._guard(launch, ports)
             state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
             enforced["container_limits"] = "the job's cgroup around the container"
             return Command([PODMAN, "start", "--attach", name], penv, script_arg=False, state=state,
@@ -154,6 +157,7 @@ class ContainerRunner(NativeRunner):
                 raise RunnerError(f"workspace ports {list(ws.ports)} cannot be published: this node's "
                                   f"[CONTAINERS] network is {network!r}; an admin sets network = \"slirp4netns\"")
             ports = dict(zip(ws.ports, pick_host_ports(len(ws.ports))))
+            self._guard(launch, ports)
             self._write_owned(files / "entry", entry_script(ws), launch, 0o500)
             argv = [PODMAN, "run", "--init", "--pull=never", "--userns=keep-id", "--name", name,
                     "--label", f"{WS_LABEL}={launch.job_id}", "--label", f"{GPUS_LABEL}={gpus_label(launch.gpu_indices)}",
@@ -205,6 +209,25 @@ class ContainerRunner(NativeRunner):
         return Command(argv, penv, script_arg=False, state=state, rlimit_as_ok=False)
 
     # ------------------------------------------------------------ workspaces
+    def _guard(self, launch: Launch, ports: dict[int, int]) -> None:
+        """Only the tenant (and root) may connect to these ports, from before they are published."""
+        if not ports:
+            return
+        try:
+            self.ports.allow(launch.job_id, launch.uid, list(ports.values()))
+        except PortGuardError as e:
+            raise RunnerError(f"{e}; the workspace's ports stay unpublished rather than open to every user") from e
+
+    def load_state(self, job_id: int, state: dict) -> str:
+        outcome = super().load_state(job_id, state)
+        c = state.get("container") or {}
+        if outcome == RUNNING and c.get("workspace") and c.get("ports"):
+            try:
+                self.ports.allow(job_id, c["uid"], [int(h) for h in c["ports"].values()])
+            except PortGuardError as e:
+                log.error("workspace job %d runs again, but its ports could not be kept private: %s", job_id, e)
+        return outcome
+
     def _existing_workspace(self, tenant, job_id: int, gpus: str) -> tuple[Existing, bool] | None:
         """The workspace's container when it exists: (what it is, whether it must be made
         again because it was made for other GPUs); None when there is none."""
@@ -232,6 +255,19 @@ class ContainerRunner(NativeRunner):
             return None
         return {"container": c["name"], "ports": {str(k): v for k, v in c.get("ports", {}).items()},
                 "token": c.get("token")}
+
+    def workspace_sessions(self, job_id: int) -> int:
+        """Exec sessions open in a running workspace's container (shells, SSH logins, VS Code)."""
+        run = self._runs.get(job_id)
+        c = run.state.get("container") if run is not None else None
+        if not c or not c.get("workspace"):
+            return 0
+        tenant = self.podman.tenant(c["uid"], c["gid"], c["home"])
+        try:
+            r = tenant.run(["container", "inspect", "--format", "{{len .ExecIDs}}", c["name"]], timeout_s=30)
+            return int(r.stdout.decode().strip() or 0) if r.returncode == 0 else 0
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return 0
 
     def stop(self, job_id: int, grace_s: float = 5.0) -> None:
         """A workspace is stopped by podman (its container kept, its state clean), then as a job."""
@@ -282,8 +318,11 @@ class ContainerRunner(NativeRunner):
         run = self._runs.get(job_id)
         super().cleanup(job_id)
         c = run.state.get("container") if run is not None else None
-        if not c or c.get("workspace"):
+        if c and c.get("workspace"):
+            self.ports.drop(job_id)
             return  # a workspace's container is kept until the workspace is removed
+        if not c:
+            return
         ended = run.exit
         if ended is not None and ended.natural and ended.signal is None and ended.exit_code not in PODMAN_EXITS:
             removed = True  # podman run --rm removed it before it exited

@@ -21,6 +21,7 @@ from ...agent.runners.base import ENDED, LOST, RUNNING, Launch, RunnerError
 from ...model.job import Job, JobState
 from ...state import commands as C
 from ...state.store import Store, try_commit
+from .idle_watch import IdleWatch
 from .image_gate import FAIL, WAIT, Fetch, ImageGate
 from .jobenv import job_env
 from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reconcile
@@ -40,7 +41,8 @@ class _Unsent:
 
 class AgentLoop:
     def __init__(self, store: Store, agent: LocalAgent, node_name: str, home_root: str, state_dir: Path,
-                 clock, advertise_host: str = "127.0.0.1", lease=None, fetch_image: Fetch | None = None) -> None:
+                 clock, advertise_host: str = "127.0.0.1", lease=None, fetch_image: Fetch | None = None,
+                 idle_timeout_s: float | None = None) -> None:
         self.store = store
         self.agent = agent
         self.node_name = node_name
@@ -55,6 +57,7 @@ class AgentLoop:
         self._jobs_known = 0
         self._node_vendors: set[str] = set()
         self.images = ImageGate(agent.containers, fetch_image, node_name)
+        self.idle = IdleWatch(store, agent, node_name, idle_timeout_s)
 
     # ------------------------------------------------------------ start-up
     def recover(self) -> None:
@@ -96,6 +99,11 @@ class AgentLoop:
             self._apply_action(action, runs)
         self._send_reports()
         self.remove_workspaces(set(runs))
+        if self.idle.timeout_s and in_sync:
+            with self.store.lock:
+                mine = [j for j in self.store.machine.running_jobs() if j.spec.workspace is not None
+                        and self._my_rank(j) is not None and j.ws.get("container")]
+            self.idle.run_once(now, mine)
         jobs_known = len(self.store.machine.jobs)
         if now >= self._next_log_sweep or jobs_known < self._jobs_known:  # jobs were forgotten
             self._next_log_sweep = now + LOG_SWEEP_EVERY_S

@@ -51,7 +51,8 @@ class Member:
         host = config.listen_host_port()[0]
         self.agent_loop = AgentLoop(store, agent, self.node_name, str(config.TENANT_HOME_ROOT), self.state_dir,
                                     clock, advertise_host=host, lease=self.lease,
-                                    fetch_image=self.link.fetch_image if self.link.is_cluster else None)
+                                    fetch_image=self.link.fetch_image if self.link.is_cluster else None,
+                                    idle_timeout_s=config.CONTAINERS.idle_timeout_s)
         self.accounts = AccountsAgent(store, config, self.node_name, clock, config.CLUSTER_ID or self.node_name)
         self.local_telemetry: NodeTelemetry | None = None
         self._wake = threading.Event()

@@ -1,0 +1,178 @@
+"""Workspaces on real rootless Podman as real tenants (issue 11): created from a template,
+an image and a devcontainer.json; the reservation is the scheduler's; a published port
+serves its tenant; stop keeps the layer and frees the GPUs; start, rm, a server restart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.images import busybox_image, podman_missing
+from tests.support.node import running_node, wait_for
+from tests.support.users import can_create_users
+
+if can_create_users() or podman_missing():
+    pytest.skip(can_create_users() or podman_missing(), allow_module_level=True)
+
+GPUS2 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
+WEB = ("mkdir -p /tmp/www && echo hello-$(id -u)-$WS_TOKEN > /tmp/www/index.html && "
+       "exec httpd -f -p 8080 -h /tmp/www")
+
+
+@pytest.fixture(scope="module")
+def image():
+    with busybox_image() as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def wnode(image, alice, bob):
+    templates = {"web": {"image": image, "ports": [8080], "command": WEB, "token_env": "WS_TOKEN", "gpus": 1},
+                 "plain": image}
+    with running_node(GPUS2, CONTAINERS={"enabled": True, "templates": templates}) as node:
+        wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
+        yield node
+
+
+def _staged(node) -> dict:
+    with node.client() as c:
+        for n in c.nodes():
+            return (n.get("containers") or {}).get("staged") or {}
+    return {}
+
+
+def mtc(node, user, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return node.run_cli("mtgpu.cli.container", user, *args, timeout_s=timeout_s)
+
+
+def mtc_json(node, user, *args: str):
+    r = mtc(node, user, *args, "--json")
+    assert r.returncode == 0, (r.stdout, r.stderr, node.server_log()[-3000:])
+    return json.loads(r.stdout)
+
+
+def http_get_as(user, port: int) -> str:
+    code = ("import urllib.request,sys\n"
+            f"print(urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=10).read().decode())")
+    r = subprocess.run([sys.executable, "-c", code], user=user.uid, group=user.gid, extra_groups=[],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    return r.stdout if r.returncode == 0 else f"FAILED: {r.stderr.strip().splitlines()[-1:]}"
+
+
+def running(node, user, name: str) -> dict:
+    def up():
+        ws = mtc_json(node, user, "show", name)
+        assert ws["state"] in ("queued", "running"), ws
+        return ws if ws["state"] == "running" and ws["workspace"]["container"] else None
+    return wait_for(f"workspace {name} to run", up, timeout_s=90, interval_s=0.2)
+
+
+def test_a_template_workspace_reserves_its_gpu_serves_its_port_and_runs_commands(wnode, alice, bob):
+    ws = mtc_json(wnode, alice, "create", "--template", "web", "--name", "web1")
+    assert ws["workspace"]["name"] == "web1" and ws["spec"]["workspace"]["source"] == "template web"
+    ws = running(wnode, alice, "web1")
+    # the reservation is the scheduler's: visible to admins, and a job that needs both GPUs waits
+    gpu = ws["gpus"][0]["index"]
+    nodes = json.loads(wnode.admin("nodes", "--json").stdout)
+    assert nodes[0]["gpus"][gpu]["exclusive"] and ws["id"] in nodes[0]["running_jobs"]
+    jid = wnode.submit_json(alice, "--gpus", "2", "--wrap", "true")["job_id"]
+    assert wnode.job(jid)["state"] == "queued"
+    # the port: on the node's loopback, the URL with the token
+    port = ws["workspace"]["ports"][0]
+    assert port["port"] == 8080 and port["url"].startswith(f"http://localhost:{port['host_port']}/?token=")
+    token = port["url"].split("token=")[1]
+    page = wait_for("the web server", lambda: "hello" in (p := http_get_as(alice, port["host_port"])) and p,
+                    timeout_s=60, interval_s=0.3)
+    assert page.strip() == f"hello-{alice.uid}-{token}"
+    # ... and no other tenant's: the firewall resets bob's connection
+    assert http_get_as(bob, port["host_port"]).startswith("FAILED"), "another tenant reached the workspace's port"
+    r = mtc(wnode, alice, "ports", "web1")
+    assert r.returncode == 0 and f"8080: {port['url']}" in r.stdout
+    # a command inside, as the tenant
+    r = mtc(wnode, alice, "exec", "web1", "--", "sh", "-c", "id -u; cat /tmp/www/index.html")
+    assert r.returncode == 0 and r.stdout.split()[0] == str(alice.uid), (r.stdout, r.stderr)
+    # another tenant sees no such workspace
+    r = mtc(wnode, bob, "show", "web1")
+    assert r.returncode != 0 and "no workspace 'web1' of yours" in r.stderr
+    # rm frees the GPU: the job that waited runs
+    r = mtc(wnode, alice, "rm", "web1")
+    assert r.returncode == 0 and "removed workspace web1" in r.stdout
+    assert wnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+    wait_for("the container to be removed", lambda: wnode.job(ws["id"])["ws"].get("removed") is True, timeout_s=60)
+
+
+def test_stop_keeps_the_layer_and_frees_the_gpu_and_start_brings_it_back(wnode, alice):
+    ws = mtc_json(wnode, alice, "create", "--template", "plain", "--gpus", "2", "--name", "keep")
+    ws = running(wnode, alice, "keep")
+    r = mtc(wnode, alice, "exec", "keep", "--", "sh", "-c", "echo layer > /tmp/mine")
+    assert r.returncode == 0, r.stderr
+    stopped = mtc_json(wnode, alice, "stop", "keep")
+    assert stopped["state"] == "stopped" and "by " in stopped["reason"]
+    # its two GPUs are free for a job now
+    jid = wnode.submit_json(alice, "--gpus", "2", "--wrap", "true")["job_id"]
+    assert wnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+    r = mtc(wnode, alice, "exec", "keep", "--", "true")
+    assert r.returncode != 0 and "is stopped" in r.stderr and "mt-container start keep" in r.stderr
+    mtc_json(wnode, alice, "start", "keep")
+    again = running(wnode, alice, "keep")
+    assert again["attempt"] == 1 and again["workspace"]["node"] == "node-a"
+    r = mtc(wnode, alice, "exec", "keep", "--", "cat", "/tmp/mine")
+    assert r.returncode == 0 and r.stdout.strip() == "layer", (r.stdout, r.stderr)
+    assert mtc(wnode, alice, "rm", "keep").returncode == 0
+
+
+def test_every_refusal_names_the_thing_and_the_fix(wnode, alice):
+    cases = [
+        (["create"], "give one of --template NAME, --image IMAGE or --devcontainer PATH"),
+        (["create", "--template", "nope"], "no template 'nope' (templates here: plain, web)"),
+        (["create", "--template", "plain", "--gpus", "3"], "no node of this cluster can ever run this workspace"),
+        (["create", "--image", "localhost/not-offered:1"], "not offered"),
+        (["create", "--template", "plain", "--name", "Bad Name"], "--name 'Bad Name'"),
+        (["start", "ghost"], "no workspace 'ghost' of yours"),
+    ]
+    for args, words in cases:
+        r = mtc(wnode, alice, *args)
+        assert r.returncode != 0 and words in r.stderr, (args, r.stderr)
+    assert not mtc_json(wnode, alice, "list")
+
+
+def test_a_devcontainer_workspace_runs_its_lifecycle_with_its_project_mounted(wnode, alice, image):
+    project = Path(alice.home) / "proj"
+    (project / ".devcontainer").mkdir(parents=True)
+    (project / "README").write_text("the project\n")
+    (project / ".devcontainer" / "devcontainer.json").write_text(
+        "{\n  // comments and trailing commas, as VS Code reads it\n"
+        f'  "name": "proj", "image": "{image}",\n'
+        '  "containerEnv": {"PROJ": "${localWorkspaceFolderBasename}"},\n'
+        '  "postCreateCommand": "echo created >> /tmp/created",\n'
+        '  "postStartCommand": ["sh", "-c", "echo started >> /tmp/started"],\n'
+        '  "forwardPorts": [9000],\n'
+        '  "hostRequirements": {"cpus": 1},\n}\n')
+    subprocess.run(["chown", "-R", f"{alice.uid}:{alice.gid}", str(project)], check=True)
+    mtc_json(wnode, alice, "create", "--devcontainer", str(project))
+    ws = running(wnode, alice, "proj")
+    assert ws["spec"]["cpus"] == 1 and ws["workspace"]["ports"][0]["port"] == 9000
+    check = "cat /workspaces/proj/README; echo $PROJ; pwd; cat /tmp/created /tmp/started"
+    out = wait_for("the lifecycle commands", lambda: (r := mtc(wnode, alice, "exec", "proj", "--", "sh", "-c", check))
+                   .returncode == 0 and "started" in r.stdout and r.stdout, timeout_s=60, interval_s=0.3)
+    assert out.split() == ["the", "project", "proj", "/workspaces/proj", "created", "started"], out
+    r = wnode.run_cli("mtgpu.cli.podman", alice, "inspect", "--format",
+                      '{{index .Config.Labels "devcontainer.metadata"}}', ws["workspace"]["container"])
+    assert json.loads(r.stdout)[0]["forwardPorts"] == [9000], r
+    assert mtc(wnode, alice, "rm", "proj").returncode == 0
+
+
+def test_a_server_restart_keeps_a_running_workspace(wnode, alice):
+    mtc_json(wnode, alice, "create", "--template", "plain", "--name", "survivor")
+    before = running(wnode, alice, "survivor")
+    wnode.kill9()
+    wnode.start()
+    after = running(wnode, alice, "survivor")
+    assert after["attempt"] == before["attempt"] and after["workspace"]["container"] == before["workspace"]["container"]
+    r = mtc(wnode, alice, "exec", "survivor", "--", "echo", "still-here")
+    assert r.returncode == 0 and r.stdout.strip() == "still-here", r.stderr
+    assert mtc(wnode, alice, "rm", "survivor").returncode == 0
