@@ -177,6 +177,18 @@ def rm(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
     _action(name, "rm", json_out)
 
 
+@app.command()
+def save(name: str, image: str = typer.Argument(..., metavar="NAME[:TAG]"),
+         json_out: bool = typer.Option(False, "--json")) -> None:
+    """Save the workspace (what you installed in it too) as an image your new workspaces and
+    container jobs can use on any member: localhost/mtgpu-saved/YOU/NAME:TAG."""
+    r = request(_client, lambda c: c.save_workspace(name, image))
+    if json_out:
+        print_json(r)
+    else:
+        out.print(f"saved workspace {name} as {r['image']} ({r['digest'][:19]})", markup=False)
+
+
 @app.command(help="Print the workspace's output (its command's, and its lifecycle commands').")
 def logs(name: str, follow: bool = FOLLOW, tail: Optional[int] = TAIL) -> None:
     ws = request(_client, lambda c: c.workspace(name))

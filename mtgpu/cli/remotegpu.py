@@ -154,6 +154,68 @@ def logs(job_id: int, server: Optional[str] = typer.Option(None, "--server"), fo
     print_log(_connect(server), job_id, follow, head, tail, rank)
 
 
+@app.command()
+def workspaces(server: Optional[str] = typer.Option(None, "--server"),
+               json_out: bool = typer.Option(False, "--json")) -> None:
+    """Your workspaces on a server's cluster (create them on a node with mt-container)."""
+    rows = request(_connect(server), lambda c: c.workspaces())
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("NAME", "STATE", "NODE", "PORTS", "REASON", box=None)
+    for ws in rows:
+        w = ws["workspace"]
+        table.add_row(w["name"], ws["state"], w["node"] or "-", ",".join(str(p["port"]) for p in w["ports"]) or "-",
+                      ws["reason"] or "")
+    out.print(table)
+
+
+def ssh_target(entry: dict, ws: dict) -> tuple[str, int]:
+    """(host, port) of the tenant sshd of the member that runs the workspace."""
+    address = ws["workspace"]["node_address"] or entry["server"]
+    listen = request(lambda: RemoteClient(address), lambda c: c.info())["ssh_listen"]
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if host in ("0.0.0.0", "::", ""):
+        host = address.rpartition(":")[0].strip("[]")
+    return host, int(port)
+
+
+@app.command()
+def forward(
+    workspace: str, port: int = typer.Argument(..., help="the workspace's (container) port"),
+    local_port: Optional[int] = typer.Option(None, "--local-port", "-l", help="default: the same as PORT"),
+    server: Optional[str] = typer.Option(None, "--server"),
+    dry_run: bool = typer.Option(False, "--print", help="print the ssh command instead of running it"),
+) -> None:
+    """Bring a workspace's port to this computer: http://localhost:PORT reaches it, through
+    an SSH local forward to the node's tenant sshd (the port is private to you there)."""
+    entry = _server(server)
+    ws = request(lambda: _client(entry), lambda c: c.workspace(workspace))
+    if ws["state"] != "running":
+        fail(f"workspace {workspace} is {ws['state']}" + (f" ({ws['reason']})" if ws["reason"] else ""), 1)
+    found = [p for p in ws["workspace"]["ports"] if p["port"] == port]
+    if not found or not found[0]["host_port"]:
+        have = ", ".join(str(p["port"]) for p in ws["workspace"]["ports"]) or "none"
+        fail(f"workspace {workspace} publishes no port {port} (its ports: {have}); create it with --port {port}", 2)
+    host, ssh_port = ssh_target(entry, ws)
+    local = local_port or port
+    argv = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=accept-new",
+            "-o", f"UserKnownHostsFile={config_dir() / 'known_hosts'}", "-i", entry["key"],
+            "-p", str(ssh_port), "-L", f"127.0.0.1:{local}:127.0.0.1:{found[0]['host_port']}",
+            f"{entry['tenant']}@{host}"]
+    if dry_run:
+        out.print(" ".join(argv), markup=False)
+        return
+    url = (found[0]["url"] or "").replace(f"localhost:{found[0]['host_port']}", f"localhost:{local}")
+    print(f"forwarding {url or f'http://localhost:{local}'} to workspace {workspace} port {port} (Ctrl-C ends it)",
+          file=sys.stderr, flush=True)
+    try:
+        os.execvp("ssh", argv)
+    except OSError as e:
+        fail(f"could not run ssh: {e}", 1)
+
+
 def main() -> None:
     app()
 

@@ -104,6 +104,9 @@ class LocalClient:
     def workspace(self, name: str) -> dict:
         return self._call("GET", f"/v1/workspaces/{name}")
 
+    def save_workspace(self, name: str, image: str) -> dict:
+        return self._call("POST", f"/v1/workspaces/{name}/save", json={"image": image}, timeout=1800)
+
     def workspace_action(self, name: str, action: str) -> dict:
         return self._call("POST", f"/v1/workspaces/{name}/{action}")
 

@@ -78,6 +78,12 @@ class RemoteClient:
     def cancel(self, job_id: int) -> dict:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
+    def workspaces(self) -> list[dict]:
+        return self._call("GET", "/v1/workspaces")
+
+    def workspace(self, name: str) -> dict:
+        return self._call("GET", f"/v1/workspaces/{name}")
+
     def open_log(self, job_id: int, offset: int = 0, tail: int | None = None,
                  rank: int = 0) -> ContextManager[LogPart]:
         """One slice of a job's log, streamed: from `offset` (or its last `tail` lines) to its size now."""

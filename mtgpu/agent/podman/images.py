@@ -170,11 +170,14 @@ class ImageStore:
             with self._lock:
                 self.state.busy.discard(name)
 
-    def _save_hashing(self, name: str, dest: Path) -> str:
-        """`podman save` (root) into `dest`, hashed as it is written (one pass over the bytes)."""
+    def _save_hashing(self, name: str, dest: Path, tenant: TenantPodman | None = None) -> str:
+        """`podman save` (root's, or `tenant`'s) into `dest`, hashed as it is written (one
+        pass over the bytes)."""
         h = hashlib.sha256()
+        who = {"env": tenant.env(), "user": tenant.uid, "group": tenant.gid, "extra_groups": []} if tenant \
+            else {"env": self.root_env}
         with tempfile.TemporaryFile() as err, open(dest, "xb") as out:
-            p = subprocess.Popen([PODMAN, "save", "--quiet", "--format", "docker-archive", name], env=self.root_env,
+            p = subprocess.Popen([PODMAN, "save", "--quiet", "--format", "docker-archive", name], **who,
                                  stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, cwd="/")
             assert p.stdout is not None
             try:
@@ -191,6 +194,21 @@ class ImageStore:
             out.flush()
             os.fsync(out.fileno())
         return "sha256:" + h.hexdigest()
+
+    def stage_from_tenant(self, tenant: TenantPodman, image_id: str, name: str) -> str:
+        """Stage an image of a tenant's store (a saved workspace) as `name`: archived from
+        the tenant's podman, verified and offered like any staged image; returns its digest."""
+        tmp = self.temp_path("saving")
+        tmp.unlink(missing_ok=True)
+        try:
+            digest = self._save_hashing(image_id, tmp, tenant)
+        except (ImageError, OSError, subprocess.TimeoutExpired):
+            tmp.unlink(missing_ok=True)
+            raise
+        digest = self.adopt(tmp, digest=digest)
+        self.record(name, digest)
+        self._loaded.setdefault(tenant.uid, set()).add(digest)  # it came from that store
+        return digest
 
     def adopt(self, tmp: Path, expect: str | None = None, digest: str | None = None) -> str:
         """Move a finished archive to its content address; with `expect`, it must match.

@@ -17,6 +17,8 @@ from .tenant import PodmanHost, PodmanSetupError, podman_available
 
 log = logging.getLogger(__name__)
 
+SAVED_PREFIX = "localhost/mtgpu-saved/"  # + TENANT/NAME:TAG: saved workspaces, their tenant's only
+
 
 @dataclass(frozen=True)
 class ContainerSettings:
@@ -45,7 +47,8 @@ class ContainerSetup:
         """What this member tells the cluster (node.register): the images it offers and
         which of them are staged here."""
         st = self.images.state
-        return {"images": list(self.settings.images), "staged": dict(sorted(st.ready.items())),
+        saved = sorted(n for n in st.ready if n.startswith(SAVED_PREFIX))  # `mt-container save` here
+        return {"images": list(self.settings.images) + saved, "staged": dict(sorted(st.ready.items())),
                 "failed": dict(sorted(st.failed.items())), "user_images": self.settings.allow_user_images}
 
     def sweep_later(self) -> None:

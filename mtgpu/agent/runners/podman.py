@@ -281,6 +281,20 @@ class ContainerRunner(NativeRunner):
                 log.warning("workspace container %s: podman stop failed: %s", c["name"], e)
         super().stop(job_id, grace_s)
 
+    def save_workspace(self, job_id: int, uid: int, gid: int, home: str, name: str) -> str:
+        """`mt-container save`: its container (layer included) as the staged image `name`,
+        which every member can then fetch and run; returns the image's digest."""
+        tenant = self.podman.ready(uid, gid, home)
+        container = workspace_container(job_id)
+        r = tenant.run(["commit", "--quiet", container], timeout_s=1800)
+        if r.returncode != 0:
+            raise RunnerError(f"workspace container {container} could not be committed: {last_error(r)}")
+        image_id = r.stdout.decode().strip().splitlines()[-1]
+        try:
+            return self.images.stage_from_tenant(tenant, image_id, name)
+        except (ImageError, OSError, subprocess.TimeoutExpired) as e:
+            raise RunnerError(str(e)) from e
+
     def remove_workspace(self, job_id: int, uid: int, gid: int, home: str) -> bool:
         """`mt-container rm`: the container, its committed layer and its files."""
         tenant = self.podman.tenant(uid, gid, home)

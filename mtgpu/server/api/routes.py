@@ -35,6 +35,10 @@ class SubmitRequest(BaseModel):
     workdir: str | None = Field(default=None, description="where the job starts (default: the tenant's home)")
 
 
+class SaveRequest(BaseModel):
+    image: str = Field(max_length=200, description="NAME[:TAG]")
+
+
 class DrainRequest(BaseModel):
     reason: str = ""
 
@@ -180,6 +184,10 @@ def add_job_routes(app: FastAPI, service: MemberService, identify) -> None:
     @app.get("/v1/workspaces/{name}")
     async def ws_show(name: str, request: Request) -> dict:
         return await run_in_threadpool(workspaces.show, await identify(request), name)
+
+    @app.post("/v1/workspaces/{name}/save")
+    async def ws_save(name: str, body: SaveRequest, request: Request) -> dict:
+        return await run_in_threadpool(workspaces.save, await identify(request), name, body.image)
 
     @app.post("/v1/workspaces/{name}/{action}")
     async def ws_action(name: str, action: str, request: Request) -> dict:

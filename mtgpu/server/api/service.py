@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fastapi.concurrency import run_in_threadpool
 
+from ...agent.podman.setup import SAVED_PREFIX
 from ...agent.podman.tenant import PODMAN, PodmanSetupError
 from ...jobfile import JobFileError, parse_job_file
 from ...model.job import Job, JobSpec, JobState
@@ -105,6 +106,10 @@ class MemberService:
     async def submit_spec(self, caller: Caller, spec: JobSpec, what: str = "job") -> dict:
         """Commit a parsed request (a job, or a workspace: `what`) as the caller's, after the
         checks every submission passes: satisfiable somewhere, the caller's disk quota."""
+        image = spec.container or ""
+        if image.startswith(SAVED_PREFIX) and image[len(SAVED_PREFIX):].split("/", 1)[0] != caller.name:
+            raise ServiceError(403, f"refused: container={image} is another tenant's saved workspace; use your own "
+                                    f"({SAVED_PREFIX}{caller.name}/...) or an image the cluster offers", refused=True)
         machine = self.store.machine
         with self.store.lock:
             snapshot = build_snapshot(machine, {})
@@ -326,6 +331,7 @@ class MemberService:
             "node": self.node_name,
             "cluster_mode": self.config.CLUSTER_MODE,
             "cluster_id": self.config.CLUSTER_ID,
+            "ssh_listen": self.config.SSH_LISTEN,
             "pid": os.getpid(),
             "version": "0.1.0",
             "scheduler": self.store.machine.scheduler,

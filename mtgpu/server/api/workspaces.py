@@ -21,6 +21,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from ...accounts.lookup import home_of
+from ...agent.podman.setup import SAVED_PREFIX
+from ...agent.podman.tenant import PodmanSetupError
+from ...agent.runners.base import RunnerError
 from ...agent.runners.workspace import url_of
 from ...jobfile import JobFileError, parse_job_file
 from ...model.job import Job, JobState, WorkspaceSpec
@@ -191,9 +194,11 @@ class WorkspaceService:
         ws = job.spec.workspace
         ports = job.ws.get("ports") or {}
         token = job.ws.get("token")
+        node = job.ws.get("node") or (job.allocations[0].node if job.allocations else None)
+        rec = self.service.store.machine.nodes.get(node) if node else None
         d["workspace"] = {
             "name": ws.name, "source": ws.source, "image": job.spec.container,
-            "node": job.ws.get("node") or (job.allocations[0].node if job.allocations else None),
+            "node": node, "node_address": rec.address if rec else None,
             "container": job.ws.get("container"),
             "ports": [{"port": p, "host_port": ports.get(str(p)),
                        "url": url_of(ws, p, ports[str(p)], token) if str(p) in ports else None} for p in ws.ports],
@@ -227,6 +232,30 @@ class WorkspaceService:
         self._commit(C.JOB_CANCEL, job_id=job.id, at=self.service.clock(), by=caller.name,
                      reason=f"workspace removed by {caller.name}")
         return {"removed": job.spec.workspace.name, "job_id": job.id}
+
+    def save(self, caller: Caller, name: str, image: str) -> dict:
+        """`mt-container save WS NAME[:TAG]`: the workspace's container (its layer too) as
+        the image SAVED_PREFIX/TENANT/NAME:TAG, staged here and offered to every member."""
+        job = self.find(caller, name)
+        short, _, tag = image.partition(":")
+        if not _NAME.match(short) or (tag and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", tag)):
+            raise ServiceError(422, f"refused: {image!r} is not an image name to save as; give NAME[:TAG] with a "
+                                    "lower-case NAME, e.g. mt-container save lab mylab:v1", refused=True)
+        full = f"{SAVED_PREFIX}{caller.name}/{short}:{tag or 'latest'}"
+        node = job.ws.get("node")
+        if not node or not job.ws.get("container"):
+            raise ServiceError(409, f"workspace {name!r} has no container yet (it is {job.state.value}); save it "
+                                    "once it has run")
+        setup = self.service.member.agent.containers
+        if node != self.service.node_name or setup is None:
+            raise ServiceError(409, f"workspace {name!r} is kept on {node}; run `mt-container save` there")
+        home = home_of(job.uid, str(Path(self.config.TENANT_HOME_ROOT) / job.tenant))
+        try:
+            digest = setup.runner.save_workspace(job.id, job.uid, job.gid, home, full)
+        except (RunnerError, PodmanSetupError, OSError) as e:
+            raise ServiceError(500, f"workspace {name!r} could not be saved: {e}") from None
+        self.service.wake()  # the next registration offers it to the cluster
+        return {"image": full, "digest": digest, "node": node}
 
     def _commit(self, cmd: str, **args) -> None:
         r = self.service.apply(cmd, **args)

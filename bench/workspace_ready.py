@@ -1,0 +1,219 @@
+"""Workspace readiness: `mt-container create --template T` until a command has run inside,
+beside the bare Podman pair (`podman run -d` + `podman exec`) of the same image.
+
+Starts a real standalone node with `[CONTAINERS] enabled = true`, a busybox image staged
+and a template `plain` of it, and one temporary tenant. Then, as that tenant (a worker
+process running as the tenant's uid: the node knows callers by SO_PEERCRED), N times,
+alternating:
+
+- ready: the create request over the node's Unix socket with the Python client (what
+  `mt-container create` sends; the CLI's own start-up is not counted), then the
+  workspace is polled until its member has started its container, then `podman exec
+  NAME true` with the tenant's podman settings (POST /v1/podman/env, what `mt-container
+  exec` uses) is tried until it succeeds. Ready = that exec's end minus the moment just
+  before the create request. Each workspace is removed (`rm`) and its container gone
+  before the next one is created (not counted).
+- bare: `podman run -d --pull=never --userns=keep-id IMAGE sleep-loop` then `podman exec
+  NAME true`, as the same tenant with the same settings; then `podman rm -f` (not counted).
+
+Target: ready p50 within 300 ms of bare p50. Everything it creates is removed at the end,
+also on failure, Ctrl-C or SIGTERM.
+
+    python bench/workspace_ready.py [--workspaces 30] [--json]     (as root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGET_MS = 300.0
+STEP_TIMEOUT_S = 120.0
+IDLE = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+# ------------------------------------------------------------------ the tenant's side
+def worker(socket_path: str, image: str, count: int) -> dict:
+    from mtgpu.client.local import LocalClient
+
+    home = os.environ["HOME"]
+    deadline_total = time.monotonic() + count * 4 * STEP_TIMEOUT_S
+    with LocalClient(socket_path, timeout_s=60) as c:
+        got = c.podman_env()
+        penv = dict(got["env"])
+        penv["HOME"] = home
+        podman = got.get("podman") or "podman"
+
+        def pod(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+            r = subprocess.run([podman, *args], env=penv, cwd=home, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=STEP_TIMEOUT_S)
+            if check and r.returncode != 0:
+                raise SystemExit(f"podman {' '.join(args[:2])} exited {r.returncode}: "
+                                 f"{r.stderr.decode(errors='replace')[-800:]}")
+            return r
+
+        def ours(tag: str) -> dict:
+            t0 = time.time()
+            name = c.create_workspace({"template": "plain", "name": tag})["name"]
+            deadline = time.monotonic() + STEP_TIMEOUT_S
+            while True:
+                ws = c.workspace(name)
+                if ws["state"] == "running" and ws["workspace"]["container"]:
+                    break
+                if ws["state"] not in ("queued", "running") or time.monotonic() > deadline:
+                    raise SystemExit(f"workspace {name} is {ws['state']}: {ws['reason'][:800]}")
+                time.sleep(0.002)
+            t_started = time.time()
+            container = ws["workspace"]["container"]
+            tries = 0
+            while pod("exec", container, "true", check=False).returncode != 0:
+                tries += 1
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"workspace {name}: no command ran inside within {STEP_TIMEOUT_S:.0f} s")
+                time.sleep(0.005)
+            t_ready = time.time()
+            placed = ws.get("started_at") or t_started
+            c.workspace_action(name, "rm")
+            while True:  # gone, container too, before the next one
+                listed = [w for w in c.workspaces() if w["workspace"]["name"] == name]
+                if not listed and pod("container", "exists", container, check=False).returncode != 0:
+                    break
+                if time.monotonic() > deadline + STEP_TIMEOUT_S:
+                    raise SystemExit(f"workspace {name} was not removed within {2 * STEP_TIMEOUT_S:.0f} s")
+                time.sleep(0.02)
+            return {"ms": (t_ready - t0) * 1000, "to_placed_ms": (placed - t0) * 1000,
+                    "to_started_ms": (t_started - t0) * 1000, "exec_tries": tries}
+
+        def bare(tag: str) -> float:
+            t0 = time.time()
+            pod("run", "-d", "--pull=never", "--userns=keep-id", "--name", tag, image, *IDLE)
+            pod("exec", tag, "true")
+            dt = (time.time() - t0) * 1000
+            pod("rm", "--force", "--time", "0", tag)
+            return dt
+
+        for i in range(2):  # warm-up, not counted: first loads of the image and podman's caches
+            ours(f"warm{i}")
+            bare(f"bare-warm-{i}")
+        ready, bare_ms = [], []
+        for i in range(count):
+            if time.monotonic() > deadline_total:
+                raise SystemExit("the bench ran past its time bound")
+            if i % 2 == 0:
+                ready.append(ours(f"ws{i}"))
+                bare_ms.append(bare(f"bare-{i}"))
+            else:
+                bare_ms.append(bare(f"bare-{i}"))
+                ready.append(ours(f"ws{i}"))
+    return {"ready": ready, "bare": bare_ms}
+
+
+# ------------------------------------------------------------------ root's side
+def run(count: int) -> dict:
+    from tests.support.images import busybox_image
+    from tests.support.node import PYTHON, running_node, wait_for
+    from tests.support.users import temp_user
+
+    def staged(node) -> dict:
+        with node.client() as c:
+            for n in c.nodes():
+                return (n.get("containers") or {}).get("staged") or {}
+        return {}
+
+    with busybox_image(f"localhost/mtgpu-bench-ws-{secrets.token_hex(3)}:1") as image, \
+            running_node([], CONTAINERS={"enabled": True, "templates": {"plain": image}}) as node, \
+            temp_user("mtbw") as user:
+        wait_for("the image to be staged", lambda: image in staged(node), timeout_s=120)
+        r = subprocess.run([PYTHON, os.path.abspath(__file__), "--workspaces", str(count), "--worker",
+                            str(node.socket_path), image],
+                           user=user.uid, group=user.gid, extra_groups=[], capture_output=True, text=True,
+                           cwd=user.home, env={"PATH": "/usr/bin:/bin", "HOME": user.home, "LANG": "C.UTF-8",
+                                               "PYTHONPATH": str(ROOT)},
+                           timeout=count * 60 + 600)
+        if r.returncode != 0:
+            raise SystemExit(f"the tenant's worker failed ({r.returncode}):\n{r.stderr[-3000:]}\n"
+                             f"server log:\n{node.server_log()[-3000:]}")
+        w = json.loads(r.stdout)
+    ready = [x["ms"] for x in w["ready"]]
+    ready_p50, bare_p50 = percentile(ready, 50), percentile(w["bare"], 50)
+    return {
+        "workspaces": count,
+        "ready_p50_ms": round(ready_p50, 1),
+        "ready_p99_ms": round(percentile(ready, 99), 1),
+        "ready_max_ms": round(max(ready), 1),
+        "to_placed_p50_ms": round(percentile([x["to_placed_ms"] for x in w["ready"]], 50), 1),
+        "to_started_p50_ms": round(percentile([x["to_started_ms"] for x in w["ready"]], 50), 1),
+        "exec_tries_p50": percentile([x["exec_tries"] for x in w["ready"]], 50),
+        "bare_p50_ms": round(bare_p50, 1),
+        "bare_p99_ms": round(percentile(w["bare"], 99), 1),
+        "overhead_p50_ms": round(ready_p50 - bare_p50, 1),
+        "target_met": ready_p50 - bare_p50 <= TARGET_MS,
+    }
+
+
+def _interrupt(signum, _frame):
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workspaces", type=int, default=30)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", nargs=2, metavar=("SOCKET", "IMAGE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.workspaces)))
+        return 0
+    if os.geteuid() != 0:
+        print("bench/workspace_ready.py runs a real node, a real tenant and root's podman: run it as root",
+              file=sys.stderr)
+        return 2
+    from tests.support.images import podman_missing
+    from tests.support.users import can_create_users
+
+    why = podman_missing() or can_create_users()
+    if why:
+        print(f"bench/workspace_ready.py cannot run here: {why}", file=sys.stderr)
+        return 2
+    os.chdir(ROOT)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _interrupt)
+    try:
+        r = run(args.workspaces)
+    except KeyboardInterrupt:
+        print("interrupted: everything the bench made was removed", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"standalone node, rootless podman; {r['workspaces']} workspaces one at a time as a tenant")
+    print(f"create -> a command ran inside: p50 {r['ready_p50_ms']} ms, p99 {r['ready_p99_ms']} ms "
+          f"(max {r['ready_max_ms']}); p50 create -> placed {r['to_placed_p50_ms']} ms, -> its container started "
+          f"{r['to_started_p50_ms']} ms")
+    print(f"bare `podman run -d` + `podman exec`: p50 {r['bare_p50_ms']} ms, p99 {r['bare_p99_ms']} ms")
+    print(f"overhead over the bare pair: {r['overhead_p50_ms']} ms at p50  [target <= {TARGET_MS:.0f} ms: "
+          f"{'met' if r['target_met'] else 'NOT met'}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Reaching a workspace as a tenant does from a laptop (issue 11): an invited tenant joins,
+`ssh -o SetEnv=MTGPU_WORKSPACE=NAME` lands inside the workspace (a command, and a terminal
+in tmux), and `remotegpu-cli forward WS PORT` brings its web port to localhost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.support.images import busybox_image, podman_missing
+from tests.support.node import free_port, running_node, wait_for
+from tests.support.users import can_create_users
+
+asyncssh = pytest.importorskip("asyncssh")
+_why_not = can_create_users() or podman_missing() or (
+    None if (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")) and shutil.which("ssh") else
+    "openssh-server and openssh-client are needed")
+if _why_not:
+    pytest.skip(_why_not, allow_module_level=True)
+
+UID_RANGE = (330000, 339999)  # its own: the accounts this node makes never meet another test's
+WEB = "mkdir -p /tmp/www && echo inside-the-workspace > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"
+
+
+@pytest.fixture(scope="module")
+def snode():
+    with busybox_image() as image:
+        ssh_port = free_port()
+        templates = {"web": {"image": image, "ports": [8080], "command": WEB}}
+        with running_node([], parent_dir="/var/lib", CLUSTER_ID="lab-ws", SSH_LISTEN=f"127.0.0.1:{ssh_port}",
+                          TENANT_UID_RANGE=list(UID_RANGE), CONTAINERS={"enabled": True, "templates": templates}) as n:
+            n.ssh_port = ssh_port
+            n.name = f"tw{os.getpid() % 10000}"
+            try:
+                yield n
+            finally:
+                n.cancel_everything()
+                n.terminate()
+                _remove_account(n.name)
+
+
+def _remove_account(name: str) -> None:
+    from mtgpu.accounts.apply import remove_account
+    from mtgpu.server.member.accounts_agent import kill_processes_of
+
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return
+    kill_processes_of(pw.pw_uid)
+    remove_account(name, uid_range=UID_RANGE, home=pw.pw_dir)
+
+
+def remotegpu(home: Path, *args: str, **kw):
+    return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=True,
+                          env={**os.environ, "REMOTEGPU_HOME": str(home)}, timeout=60, **kw)
+
+
+@pytest.fixture(scope="module")
+def joined(snode, tmp_path_factory):
+    """The tenant, joined from a 'laptop' (a client folder), with its account and a running workspace."""
+    r = snode.admin("tenant", "invite", snode.name, "--json")
+    assert r.returncode == 0, r.stderr
+    home = tmp_path_factory.mktemp("laptop")
+    r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{snode.port}", "--json")
+    assert r.returncode == 0, r.stderr + snode.server_log()[-2000:]
+    pw = wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(snode.name).pw_dir)
+                  and pwd.getpwnam(snode.name), timeout_s=60)
+    user = SimpleNamespace(uid=pw.pw_uid, gid=pw.pw_gid, home=pw.pw_dir, name=snode.name)
+    r = snode.run_cli("mtgpu.cli.container", user, "create", "--template", "web", "--name", "web", "--json",
+                      timeout_s=180)
+    assert r.returncode == 0, (r.stderr, snode.server_log()[-3000:])
+    ws = json.loads(r.stdout)
+    assert ws["state"] == "running", ws
+    return SimpleNamespace(home=home, key=str(home / "id_ed25519"), user=user, ws=ws)
+
+
+def test_ssh_with_mtgpu_workspace_runs_commands_and_a_terminal_inside(snode, joined):
+    async def session():
+        conn = await asyncssh.connect("127.0.0.1", snode.ssh_port, username=snode.name,
+                                      client_keys=[joined.key], known_hosts=None)
+        try:
+            command = await conn.run("id -u; cat /tmp/www/index.html", env={"MTGPU_WORKSPACE": "web"}, check=False)
+            on_node = await conn.run("test -e /tmp/www/index.html && echo node-has-it || echo not-on-node",
+                                     check=False)
+            proc = await conn.create_process(term_type="xterm", term_size=(120, 40), env={"MTGPU_WORKSPACE": "web"})
+            proc.stdin.write("echo TERM-$(cat /tmp/www/index.html)-END\n")
+            seen = await asyncio.wait_for(proc.stdout.readuntil("TERM-inside-the-workspace-END"), 30)
+            sessions = await conn.run("tmux list-sessions -F '#S'", check=False)
+            return command, on_node, seen, sessions
+        finally:
+            conn.close()
+
+    command, on_node, seen, sessions = asyncio.run(asyncio.wait_for(session(), 90))
+    assert command.exit_status == 0, (command.stdout, command.stderr)
+    assert command.stdout.split() == [str(joined.user.uid), "inside-the-workspace"]
+    assert on_node.stdout.strip() == "not-on-node"  # without the variable: the node itself
+    assert "TERM-inside-the-workspace-END" in seen  # the terminal is inside...
+    assert "ws-web" in sessions.stdout.split(), sessions  # ... in the tmux session that outlives a disconnect
+
+
+def test_remotegpu_forward_brings_the_workspace_port_to_localhost(snode, joined):
+    local = free_port()
+    fwd = subprocess.Popen([sys.executable, "-m", "mtgpu.cli.remotegpu", "forward", "web", "8080",
+                            "--local-port", str(local)], env={**os.environ, "REMOTEGPU_HOME": str(joined.home)},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        def page():
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=5) as r:
+                return r.read().decode()
+        assert wait_for("the forwarded page", page, timeout_s=60, interval_s=0.3).strip() == "inside-the-workspace"
+    finally:
+        os.killpg(fwd.pid, signal.SIGTERM)
+        _, err = fwd.communicate(timeout=30)
+    assert "forwarding http://localhost:" in err
+    r = remotegpu(joined.home, "forward", "web", "9999")
+    assert r.returncode == 2 and "publishes no port 9999 (its ports: 8080)" in r.stderr
