@@ -96,7 +96,10 @@ def test_ssh_with_mtgpu_workspace_runs_commands_and_a_terminal_inside(snode, joi
                                      check=False)
             proc = await conn.create_process(term_type="xterm", term_size=(120, 40), env={"MTGPU_WORKSPACE": "web"})
             proc.stdin.write("echo TERM-$(cat /tmp/www/index.html)-END\n")
-            seen = await asyncio.wait_for(proc.stdout.readuntil("TERM-inside-the-workspace-END"), 30)
+            try:
+                seen = await asyncio.wait_for(proc.stdout.readuntil("TERM-inside-the-workspace-END"), 30)
+            except asyncio.IncompleteReadError as e:
+                raise AssertionError(f"the terminal ended: {e.partial!r}") from None
             sessions = await conn.run("tmux list-sessions -F '#S'", check=False)
             return command, on_node, seen, sessions
         finally:

@@ -184,3 +184,11 @@ def test_a_plain_public_key_is_accepted_with_its_comment():
 def test_key_lines_with_options_several_lines_or_bad_data_are_refused(line, message):
     with pytest.raises(SshdError, match=message):
         validate_public_key(line)
+
+
+def test_every_session_variable_is_on_the_one_setenv_line_sshd_reads():
+    # sshd uses the first SetEnv line and ignores the others: all pairs go on one line.
+    text = render_sshd_config("127.0.0.1", 2222, ["/k"], "/p", "/keys/%u", "mtgpu-tenants", "/w", "on",
+                              set_env={"MTGPU_SOCKET": "/s", "MTGPU_PYTHON": "/py"})
+    lines = [line for line in text.splitlines() if line.startswith("SetEnv")]
+    assert lines == ["SetEnv MTGPU_PYTHON=/py MTGPU_SOCKET=/s"]
