@@ -107,7 +107,7 @@ def test_ssh_with_mtgpu_workspace_runs_commands_and_a_terminal_inside(snode, joi
 
     command, on_node, seen, sessions = asyncio.run(asyncio.wait_for(session(), 90))
     assert command.exit_status == 0, (command.stdout, command.stderr)
-    assert command.stdout.split() == [str(joined.user.uid), "inside-the-workspace"]
+    assert command.stdout.split() == ["1000", "inside-the-workspace"]  # the tenant is uid 1000 inside
     assert on_node.stdout.strip() == "not-on-node"  # without the variable: the node itself
     assert "TERM-inside-the-workspace-END" in seen  # the terminal is inside...
     assert "ws-web" in sessions.stdout.split(), sessions  # ... in the tmux session that outlives a disconnect

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.cluster import member_name, running_cluster
 from tests.support.images import busybox_image, podman_missing
 from tests.support.node import running_node, wait_for
 from tests.support.users import can_create_users
@@ -87,14 +89,14 @@ def test_a_template_workspace_reserves_its_gpu_serves_its_port_and_runs_commands
     token = port["url"].split("token=")[1]
     page = wait_for("the web server", lambda: "hello" in (p := http_get_as(alice, port["host_port"])) and p,
                     timeout_s=60, interval_s=0.3)
-    assert page.strip() == f"hello-{alice.uid}-{token}"
+    assert page.strip() == f"hello-1000-{token}"  # the tenant is uid 1000 inside a workspace
     # ... and no other tenant's: the firewall resets bob's connection
     assert http_get_as(bob, port["host_port"]).startswith("FAILED"), "another tenant reached the workspace's port"
     r = mtc(wnode, alice, "ports", "web1")
     assert r.returncode == 0 and f"8080: {port['url']}" in r.stdout
     # a command inside, as the tenant
     r = mtc(wnode, alice, "exec", "web1", "--", "sh", "-c", "id -u; cat /tmp/www/index.html")
-    assert r.returncode == 0 and r.stdout.split()[0] == str(alice.uid), (r.stdout, r.stderr)
+    assert r.returncode == 0 and r.stdout.split()[0] == "1000", (r.stdout, r.stderr)
     # another tenant sees no such workspace
     r = mtc(wnode, bob, "show", "web1")
     assert r.returncode != 0 and "no workspace 'web1' of yours" in r.stderr
@@ -176,3 +178,62 @@ def test_a_server_restart_keeps_a_running_workspace(wnode, alice):
     r = mtc(wnode, alice, "exec", "survivor", "--", "echo", "still-here")
     assert r.returncode == 0 and r.stdout.strip() == "still-here", r.stderr
     assert mtc(wnode, alice, "rm", "survivor").returncode == 0
+
+
+def test_idle_culling_stops_an_idle_workspace_and_spares_a_busy_one(image, alice):
+    busy = "while :; do i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done; sleep 0.1; done"  # CPU, nobody attached
+    templates = {"idle": image, "busy": {"image": image, "command": busy}}
+    with running_node([], CONTAINERS={"enabled": True, "templates": templates, "idle_timeout": "10s"}) as node:
+        wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
+        mtc_json(node, alice, "create", "--template", "idle", "--name", "sleepy")
+        mtc_json(node, alice, "create", "--template", "busy", "--name", "worker")
+        running(node, alice, "sleepy")
+        running(node, alice, "worker")
+
+        def culled():
+            ws = mtc_json(node, alice, "show", "sleepy")
+            return ws if ws["state"] == "stopped" else None
+        ws = wait_for("the idle workspace to be stopped", culled, timeout_s=90, interval_s=0.5)
+        assert ws["reason"].startswith("stopped after ") and "idle (idle_timeout 10s)" in ws["reason"], ws["reason"]
+        assert "mt-container start brings it back" in ws["reason"]
+        # busy is active: never culled, also well past the timeout (twice it, since it started)
+        worker = mtc_json(node, alice, "show", "worker")
+        time.sleep(max(0.0, worker["started_at"] + 20 - time.time()))
+        worker = mtc_json(node, alice, "show", "worker")
+        assert worker["state"] == "running", worker["reason"]
+        r = mtc(node, alice, "show", "sleepy")
+        assert "stopped after" in r.stdout
+
+
+def test_save_then_create_on_another_member_and_a_failover_keeps_both(image, alice, bob):
+    """A workspace saved on one member runs, layer and all, on another (fetched, verified);
+    the scheduler is then killed and both workspaces keep running and answer stop/start."""
+    conf = {"CONTAINERS": {"enabled": True, "templates": {"plain": image}}}
+    with running_cluster(3, settings=[conf, conf, conf]) as cl:
+        for m in cl.members:
+            wait_for(f"{member_name(m)} to stage the image", lambda m=m: image in _staged(m), timeout_s=120)
+        sched = cl.scheduler()
+        a, b = [m for m in cl.members if m is not sched]
+        mtc_json(a, alice, "create", "--template", "plain", "--name", "orig", "--server", member_name(a))
+        running(a, alice, "orig")
+        assert mtc(a, alice, "exec", "orig", "--", "sh", "-c", "echo layer > /tmp/saved-file").returncode == 0
+        saved = mtc_json(a, alice, "save", "orig", "mine:v1")
+        assert saved["image"] == f"localhost/mtgpu-saved/{alice.name}/mine:v1" and saved["node"] == member_name(a)
+        r = mtc(b, bob, "create", "--image", saved["image"])
+        assert r.returncode == 2 and "another tenant's saved workspace" in r.stderr, r.stderr
+        mtc_json(b, alice, "create", "--image", saved["image"], "--name", "copy", "--server", member_name(b))
+        copy = running(b, alice, "copy")
+        assert copy["workspace"]["node"] == member_name(b)
+        r = mtc(b, alice, "exec", "copy", "--", "cat", "/tmp/saved-file")
+        assert r.returncode == 0 and r.stdout.strip() == "layer", (r.stdout, r.stderr)
+        assert "fetched from" in b.server_log()
+
+        sched.kill9()
+        cl.scheduler(among=[a, b])
+        assert running(b, alice, "orig")["workspace"]["node"] == member_name(a)
+        assert mtc(a, alice, "exec", "orig", "--", "cat", "/tmp/saved-file").stdout.strip() == "layer"
+        assert mtc_json(b, alice, "stop", "copy")["state"] == "stopped"
+        mtc_json(a, alice, "start", "copy")
+        again = running(a, alice, "copy")
+        assert again["workspace"]["node"] == member_name(b) and again["attempt"] == 1
+        assert mtc(b, alice, "exec", "copy", "--", "cat", "/tmp/saved-file").stdout.strip() == "layer"

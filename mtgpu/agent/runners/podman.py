@@ -43,6 +43,7 @@ from mtgpu.agent.runners.native import Command, NativeRunner, _interpreter
 from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, entry_script, gpus_label, layer_image,
                                            parse_inspect, pick_host_ports, publish_args, workspace_container)
 from mtgpu.agent.runners.workspace import LABEL as WS_LABEL
+from mtgpu.agent.runners.workspace import WS_UID
 from mtgpu.model.gpu import VISIBILITY_VARS
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class ContainerRunner(NativeRunner):
             ports = dict(zip(ws.ports, pick_host_ports(len(ws.ports))))
             self._guard(launch, ports)
             self._write_owned(files / "entry", entry_script(ws), launch, 0o500)
-            argv = [PODMAN, "run", "--init", "--pull=never", "--userns=keep-id", "--name", name,
+            argv = [PODMAN, "run", "--init", "--pull=never", f"--userns=keep-id:uid={WS_UID},gid={WS_UID}", "--name", name,
                     "--label", f"{WS_LABEL}={launch.job_id}", "--label", f"{GPUS_LABEL}={gpus_label(launch.gpu_indices)}",
                     *[a for k, v in ws.labels for a in ("--label", f"{k}={v}")], *publish_args(ports)]
             state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})

@@ -9,7 +9,8 @@ process is an entry script (mounted read-only) that runs the lifecycle commands
 quietly when it has none. Stopping it (`podman stop`) ends the run and keeps the
 container; starting it again is `podman start --attach` when it was made for the same
 GPUs, else its layer is committed to an image and a new container is made from it.
-Ports are published on 127.0.0.1 only, at host ports picked here and recorded.
+Ports are published on 127.0.0.1 only, at host ports picked here and recorded. Inside,
+the tenant is uid 1000 (WS_UID).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ ENTRY_MOUNT = "/.mtgpu/workspace-entry"
 CREATED_MARKER = "/tmp/.mtgpu-workspace-created"  # in the container's layer: kept while the workspace is
 LABEL = "mtgpu.workspace"
 GPUS_LABEL = "mtgpu.gpus"
+# The tenant is uid/gid 1000 inside a workspace (keep-id:uid=1000), mapped to its own on the
+# node: images' usual first user (jovyan, ubuntu, vscode), and a layer podman can commit
+# (`save`, a restart on other GPUs): a file owned by a uid above the 65,536 subordinate
+# ids, such as the tenant's own, cannot be written into an image.
+WS_UID = 1000
 
 
 def workspace_container(job_id: int) -> str:
