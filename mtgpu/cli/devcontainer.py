@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 
@@ -66,7 +67,23 @@ def parts(dc: DevContainer, image: str) -> dict:
             "ports": list(dict.fromkeys([*dc.forward_ports, *(p.container_port for p in dc.app_ports)])),
             "post_create": _hooks(dc, POST_CREATE_HOOKS), "post_start": _hooks(dc, POST_START_HOOKS),
             "mounts": mounts, "workdir": dc.workspace_folder, "metadata": metadata(dc),
-            "resources": dc.reservation.directives(), "run_args": list(dc.run_args)}
+            "resources": dc.reservation.directives(), "run_args": list(dc.run_args),
+            "user": dc.container_user or dc.remote_user}
+
+
+def base_images(dockerfile: str) -> list[str]:
+    """The images a Dockerfile builds FROM (not its own stages)."""
+    stages, images = set(), []
+    try:
+        text = open(dockerfile, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return []
+    for m in re.finditer(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", text, re.I | re.M):
+        if m.group(1).lower() not in stages and m.group(1) not in images:
+            images.append(m.group(1))
+        if m.group(2):
+            stages.add(m.group(2).lower())
+    return images
 
 
 def build_image(dc: DevContainer) -> tuple[str, str]:
@@ -76,7 +93,7 @@ def build_image(dc: DevContainer) -> tuple[str, str]:
     tag = "localhost/devcontainer-" + hashlib.sha256(dc.config_path.encode()).hexdigest()[:12] + ":latest"
     try:
         with LocalClient() as c:
-            got = c.podman_env()
+            got = c.podman_env(load=base_images(b.dockerfile))  # the node's staged images it builds FROM
             here = c.health()["node"]
     except ClientError as e:
         fail(e)

@@ -181,6 +181,30 @@ def ssh_target(entry: dict, ws: dict) -> tuple[str, int]:
     return host, int(port)
 
 
+def _ssh_base(entry: dict, host: str, port: int) -> list[str]:
+    return ["ssh", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=accept-new",
+            "-o", f"UserKnownHostsFile={config_dir() / 'known_hosts'}", "-i", entry["key"], "-p", str(port)]
+
+
+@app.command()
+def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, help="run this instead of a terminal"),
+          server: Optional[str] = typer.Option(None, "--server")) -> None:
+    """A terminal inside a workspace (in tmux on its node), or a command run there: the
+    shortcut for `ssh -o SetEnv=MTGPU_WORKSPACE=WS you@node`."""
+    entry = _server(server)
+    ws = request(lambda: _client(entry), lambda c: c.workspace(workspace))
+    if ws["state"] != "running":
+        fail(f"workspace {workspace} is {ws['state']}" + (f" ({ws['reason']})" if ws["reason"] else ""), 1)
+    host, ssh_port = ssh_target(entry, ws)
+    argv = _ssh_base(entry, host, ssh_port) + ["-o", f"SetEnv=MTGPU_WORKSPACE={ws['workspace']['name']}"]
+    argv += ["-t"] if not command else []
+    argv += [f"{entry['tenant']}@{host}", *(command or [])]
+    try:
+        os.execvp("ssh", argv)
+    except OSError as e:
+        fail(f"could not run ssh: {e}", 1)
+
+
 @app.command()
 def forward(
     workspace: str, port: int = typer.Argument(..., help="the workspace's (container) port"),
@@ -200,10 +224,9 @@ def forward(
         fail(f"workspace {workspace} publishes no port {port} (its ports: {have}); create it with --port {port}", 2)
     host, ssh_port = ssh_target(entry, ws)
     local = local_port or port
-    argv = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=accept-new",
-            "-o", f"UserKnownHostsFile={config_dir() / 'known_hosts'}", "-i", entry["key"],
-            "-p", str(ssh_port), "-L", f"127.0.0.1:{local}:127.0.0.1:{found[0]['host_port']}",
-            f"{entry['tenant']}@{host}"]
+    argv = _ssh_base(entry, host, ssh_port) + ["-N", "-o", "ExitOnForwardFailure=yes",
+                                               "-L", f"127.0.0.1:{local}:127.0.0.1:{found[0]['host_port']}",
+                                               f"{entry['tenant']}@{host}"]
     if dry_run:
         out.print(" ".join(argv), markup=False)
         return

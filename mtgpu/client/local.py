@@ -65,8 +65,8 @@ class LocalClient:
         return ClientError(f"talking to the node at {self.socket_path} failed: {e}")
 
     # ---------------------------------------------------------------- calls
-    def podman_env(self) -> dict:
-        return self._call("POST", "/v1/podman/env")
+    def podman_env(self, load: list[str] | None = None) -> dict:
+        return self._call("POST", "/v1/podman/env", json={"load": load} if load else None, timeout=1800)
 
     def health(self) -> dict:
         return self._call("GET", "/v1/health")

@@ -72,13 +72,14 @@ class WorkspaceSpec:
     labels: tuple[tuple[str, str], ...] = ()  # e.g. devcontainer.metadata for VS Code
     container_workdir: str | None = None  # the devcontainer's workspaceFolder
     run_args: tuple[str, ...] = ()  # devcontainer runArgs (the allow-list's: workspaces/runargs.py)
+    user: str | None = None  # the image's user the tenant is mapped onto (devcontainer containerUser/remoteUser)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "source": self.source, "command": list(self.command), "ports": list(self.ports),
                 "env": [list(e) for e in self.env], "token_env": self.token_env, "url_path": self.url_path,
                 "post_create": list(self.post_create), "post_start": list(self.post_start),
                 "mounts": [list(m) for m in self.mounts], "labels": [list(x) for x in self.labels],
-                "container_workdir": self.container_workdir, "run_args": list(self.run_args)}
+                "container_workdir": self.container_workdir, "run_args": list(self.run_args), "user": self.user}
 
     @classmethod
     def from_dict(cls, d: dict) -> "WorkspaceSpec":
@@ -92,7 +93,7 @@ class WorkspaceSpec:
                    mounts=tuple((str(a), str(b), bool(c)) for a, b, c in d.get("mounts", ())),
                    labels=tuple((str(k), str(v)) for k, v in d.get("labels", ())),
                    container_workdir=d.get("container_workdir"),
-                   run_args=tuple(str(a) for a in d.get("run_args", ())))
+                   run_args=tuple(str(a) for a in d.get("run_args", ())), user=d.get("user"))
 
 
 @dataclass(frozen=True, slots=True)

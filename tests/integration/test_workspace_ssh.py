@@ -129,3 +129,10 @@ def test_remotegpu_forward_brings_the_workspace_port_to_localhost(snode, joined)
     assert "forwarding http://localhost:" in err
     r = remotegpu(joined.home, "forward", "web", "9999")
     assert r.returncode == 2 and "publishes no port 9999 (its ports: 8080)" in r.stderr
+
+
+def test_remotegpu_shell_is_the_shortcut_into_the_workspace(snode, joined):
+    r = remotegpu(joined.home, "shell", "web", "cat", "/tmp/www/index.html")
+    assert r.returncode == 0 and r.stdout.strip() == "inside-the-workspace", (r.stdout, r.stderr)
+    r = remotegpu(joined.home, "shell", "nope", "true")
+    assert r.returncode != 0 and "no workspace 'nope' of yours" in r.stderr

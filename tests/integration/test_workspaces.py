@@ -35,7 +35,7 @@ def image():
 def wnode(image, alice, bob):
     templates = {"web": {"image": image, "ports": [8080], "command": WEB, "token_env": "WS_TOKEN", "gpus": 1},
                  "plain": image}
-    with running_node(GPUS2, CONTAINERS={"enabled": True, "templates": templates}) as node:
+    with running_node(GPUS2, CONTAINERS={"enabled": True, "templates": templates, "allow_user_images": True}) as node:
         wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
         yield node
 
@@ -132,7 +132,8 @@ def test_every_refusal_names_the_thing_and_the_fix(wnode, alice):
         (["create"], "give one of --template NAME, --image IMAGE or --devcontainer PATH"),
         (["create", "--template", "nope"], "no template 'nope' (templates here: plain, web)"),
         (["create", "--template", "plain", "--gpus", "3"], "no node of this cluster can ever run this workspace"),
-        (["create", "--image", "localhost/not-offered:1"], "not offered"),
+        (["create", "--template", "plain", "--port", "0"], "--port 0: a container port is 1-65535"),
+        (["create", "--template", "plain", "--time", "1h"], "No such option: --time"),
         (["create", "--template", "plain", "--name", "Bad Name"], "--name 'Bad Name'"),
         (["start", "ghost"], "no workspace 'ghost' of yours"),
     ]
@@ -165,7 +166,34 @@ def test_a_devcontainer_workspace_runs_its_lifecycle_with_its_project_mounted(wn
     r = wnode.run_cli("mtgpu.cli.podman", alice, "inspect", "--format",
                       '{{index .Config.Labels "devcontainer.metadata"}}', ws["workspace"]["container"])
     assert json.loads(r.stdout)[0]["forwardPorts"] == [9000], r
+    r = mtc(wnode, alice, "logs", "proj")
+    assert r.returncode == 0 and "[mtgpu] postCreateCommand: echo created >> /tmp/created" in r.stdout, r
     assert mtc(wnode, alice, "rm", "proj").returncode == 0
+
+
+def test_a_devcontainer_build_runs_as_the_tenant_and_maps_it_onto_the_images_user(wnode, alice, image):
+    project = Path(alice.home) / "built"
+    (project / ".devcontainer").mkdir(parents=True)
+    (project / ".devcontainer" / "Dockerfile").write_text(f"FROM {image}\nRUN echo built-by-podman > /built-file\n")
+    (project / ".devcontainer" / "devcontainer.json").write_text(
+        '{"build": {"dockerfile": "Dockerfile"}, "remoteUser": "dev", "runArgs": ["--shm-size=64m"]}')
+    subprocess.run(["chown", "-R", f"{alice.uid}:{alice.gid}", str(project)], check=True)
+    ws = mtc_json(wnode, alice, "create", "--devcontainer", str(project), "--name", "built")
+    assert ws["workspace"]["image"].startswith("localhost/devcontainer-") and ws["spec"]["server"] == "node-a"
+    running(wnode, alice, "built")
+    r = mtc(wnode, alice, "exec", "built", "--", "sh", "-c", "id -u; id -g; cat /built-file; df -k /dev/shm | tail -1")
+    assert r.returncode == 0, r.stderr
+    words = r.stdout.split()
+    assert words[:3] == ["1001", "1002", "built-by-podman"] and words[4] == str(64 * 1024), r.stdout
+    # files it writes in the home are the tenant's on the node
+    assert mtc(wnode, alice, "exec", "built", "--", "touch", f"{alice.home}/from-ws").returncode == 0
+    assert (Path(alice.home) / "from-ws").stat().st_uid == alice.uid
+    r = mtc(wnode, alice, "logs", "built")
+    assert r.returncode == 0
+    (project / ".devcontainer" / "devcontainer.json").write_text('{"image": "x", "runArgs": ["--privileged"]}')
+    r = mtc(wnode, alice, "create", "--devcontainer", str(project))
+    assert r.returncode == 2 and "--privileged" in r.stderr, r.stderr
+    assert mtc(wnode, alice, "rm", "built").returncode == 0
 
 
 def test_a_server_restart_keeps_a_running_workspace(wnode, alice):

@@ -24,7 +24,8 @@ def podman_missing() -> str | None:
 
 
 def busybox_rootfs(dest: Path) -> Path:
-    """A root filesystem keep-id containers run in: busybox, /etc/passwd and /etc/group,
+    """A root filesystem keep-id containers run in: busybox, /etc/passwd and /etc/group
+    (with a user `dev`, uid 1001 gid 1002, for workspaces mapped onto an image's user),
     a 1777 /tmp."""
     for d in ("bin", "etc", "tmp", "dev", "proc", "sys"):
         (dest / d).mkdir(parents=True, exist_ok=True)
@@ -34,8 +35,9 @@ def busybox_rootfs(dest: Path) -> Path:
         if not link.exists():
             link.symlink_to("busybox")
     os.chmod(dest / "tmp", 0o1777)
-    (dest / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n")
-    (dest / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    (dest / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\ndev:x:1001:1002::/tmp:/bin/sh\n"
+                                         "nobody:x:65534:65534::/:/bin/sh\n")
+    (dest / "etc" / "group").write_text("root:x:0:\ndev:x:1002:\nnogroup:x:65534:\n")
     return dest
 
 

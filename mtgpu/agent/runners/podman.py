@@ -160,7 +160,8 @@ class ContainerRunner(NativeRunner):
             ports = dict(zip(ws.ports, pick_host_ports(len(ws.ports))))
             self._guard(launch, ports)
             self._write_owned(files / "entry", entry_script(ws), launch, 0o500)
-            argv = [PODMAN, "run", "--init", "--pull=never", f"--userns=keep-id:uid={WS_UID},gid={WS_UID}", "--name", name,
+            uid, gid = self._image_user(tenant, run_as, image, ws.user) if ws.user else (WS_UID, WS_UID)
+            argv = [PODMAN, "run", "--init", "--pull=never", f"--userns=keep-id:uid={uid},gid={gid}", "--name", name,
                     "--label", f"{WS_LABEL}={launch.job_id}", "--label", f"{GPUS_LABEL}={gpus_label(launch.gpu_indices)}",
                     *[a for k, v in ws.labels for a in ("--label", f"{k}={v}")], *publish_args(ports)]
             state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
@@ -239,6 +240,17 @@ class ContainerRunner(NativeRunner):
         if found is None:
             return None
         return found, found.gpus != gpus
+
+    def _image_user(self, tenant, run_as: str, image: str, user: str) -> tuple[int, int]:
+        """The uid and gid of `user` in the image: the tenant is mapped onto that user."""
+        r = tenant.run(["run", "--rm", "--pull=never", "--network=none", run_as, "/bin/sh", "-c",
+                        'id -u "$0" && id -g "$0"', user], timeout_s=120)
+        words = r.stdout.decode(errors="replace").split()
+        if r.returncode != 0 or len(words) != 2 or not all(w.isdigit() for w in words):
+            why = last_error(r) or r.stderr.decode(errors="replace").strip()[-300:] or "no answer"
+            raise RunnerError(f"remoteUser/containerUser {user!r} is not a user of image {image} ({why}); name a user "
+                              "of its /etc/passwd, or drop the key to be uid 1000 inside")
+        return int(words[0]), int(words[1])
 
     def _recommit(self, tenant, job_id: int) -> str:
         name = workspace_container(job_id)

@@ -35,6 +35,11 @@ class SubmitRequest(BaseModel):
     workdir: str | None = Field(default=None, description="where the job starts (default: the tenant's home)")
 
 
+class PodmanEnvRequest(BaseModel):
+    load: list[str] = Field(default_factory=list, max_length=32,
+                            description="staged images to load into the caller's store first")
+
+
 class SaveRequest(BaseModel):
     image: str = Field(max_length=200, description="NAME[:TAG]")
 
@@ -98,9 +103,9 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
     add_job_routes(app, service, identify)
 
     @app.post("/v1/podman/env")
-    def podman_env(request: Request) -> dict:
+    def podman_env(request: Request, body: PodmanEnvRequest | None = None) -> dict:
         """The environment the caller's podman runs with here (prepared on first call)."""
-        return service.podman_env(caller(request))
+        return service.podman_env(caller(request), body.load if body else None)
 
     @app.get("/v1/nodes")
     def nodes(request: Request) -> list[dict]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fastapi.concurrency import run_in_threadpool
 
+from ...agent.podman.images import ImageError
 from ...agent.podman.setup import SAVED_PREFIX
 from ...agent.podman.tenant import PODMAN, PodmanSetupError
 from ...jobfile import JobFileError, parse_job_file
@@ -227,9 +228,10 @@ class MemberService:
         return LogSource(job_id, rank, node, self.state_dir / job.rank_log_path(rank), job.state.final,
                          job.state.value)
 
-    def podman_env(self, caller: Caller) -> dict:
+    def podman_env(self, caller: Caller, load: list[str] | None = None) -> dict:
         """mt-podman: the caller's rootless podman settings on this node, prepared now
-        when needed (agent/podman/tenant.py)."""
+        when needed (agent/podman/tenant.py). `load`: images staged here to put in the
+        caller's store first (a devcontainer build's base images)."""
         setup = self.member.agent.containers
         if setup is None:
             raise ServiceError(409, f"containers are off on {self.node_name} ([CONTAINERS] enabled = false); an admin "
@@ -241,7 +243,15 @@ class MemberService:
             t = setup.podman.ready(caller.uid, caller.gid, home)
         except (PodmanSetupError, OSError) as e:
             raise ServiceError(500, f"podman could not be prepared for {caller.name}: {e}") from None
-        return {"env": t.env(), "podman": PODMAN}
+        loaded = []
+        for image in load or ():
+            if image in setup.images.state.ready:
+                try:
+                    setup.images.ensure_loaded(t, image)
+                except (ImageError, OSError) as e:
+                    raise ServiceError(500, f"image {image} could not be loaded for {caller.name}: {e}") from None
+                loaded.append(image)
+        return {"env": t.env(), "podman": PODMAN, "loaded": loaded}
 
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's

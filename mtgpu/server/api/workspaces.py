@@ -53,6 +53,7 @@ class DevcontainerParts(BaseModel):
     metadata: str = Field(default="", max_length=65536)
     resources: dict[str, str] = Field(default_factory=dict)
     run_args: list[str] = Field(default_factory=list)
+    user: str | None = Field(default=None, max_length=32)
 
 
 class WorkspaceRequest(BaseModel):
@@ -145,11 +146,14 @@ class WorkspaceService:
         problems = check_run_args(d.run_args, home)
         if problems:
             raise ServiceError(422, f"refused: {where}: " + "; ".join(p.render() for p in problems), refused=True)
+        if d.user is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", d.user):
+            raise ServiceError(422, f"refused: {where}: remoteUser/containerUser {d.user!r} is not a user name",
+                               refused=True)
         labels = (("devcontainer.metadata", d.metadata), ("devcontainer.config_file", d.path)) if d.metadata else ()
         ws = WorkspaceSpec(name=d.name or "", source=f"devcontainer {d.path}", ports=tuple(dict.fromkeys(d.ports)),
                            env=tuple(sorted(d.env.items())), post_create=tuple(d.post_create),
                            post_start=tuple(d.post_start), mounts=tuple((s, t, bool(ro)) for s, t, ro in d.mounts),
-                           labels=labels, container_workdir=d.workdir, run_args=tuple(d.run_args))
+                           labels=labels, container_workdir=d.workdir, run_args=tuple(d.run_args), user=d.user)
         return d.image, ws, dict(d.resources)
 
     def _name(self, caller: Caller, wanted: str | None, req: WorkspaceRequest, image: str) -> str:
