@@ -100,11 +100,18 @@ def test_a_template_workspace_reserves_its_gpu_serves_its_port_and_runs_commands
     # another tenant sees no such workspace
     r = mtc(wnode, bob, "show", "web1")
     assert r.returncode != 0 and "no workspace 'web1' of yours" in r.stderr
-    # rm frees the GPU: the job that waited runs
+    # a workspace that does not fit beside it waits, saying why
+    big = mtc_json(wnode, alice, "create", "--template", "plain", "--gpus", "2", "--name", "big", "--no-wait")
+    assert big["state"] == "queued" and big["reason"], big
+    r = mtc(wnode, alice, "list")
+    assert r.returncode == 0 and "web1" in r.stdout and "big" in r.stdout and "queued" in r.stdout, r.stdout
+    # rm frees the GPU: the job that waited runs, then the workspace that waited
     r = mtc(wnode, alice, "rm", "web1")
     assert r.returncode == 0 and "removed workspace web1" in r.stdout
     assert wnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
     wait_for("the container to be removed", lambda: wnode.job(ws["id"])["ws"].get("removed") is True, timeout_s=60)
+    assert len(running(wnode, alice, "big")["gpus"]) == 2
+    assert mtc(wnode, alice, "rm", "big").returncode == 0
 
 
 def test_stop_keeps_the_layer_and_frees_the_gpu_and_start_brings_it_back(wnode, alice):
