@@ -44,7 +44,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -55,16 +54,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import percentile, unwind_on_signals  # noqa: E402 (after the path is set)
+
 START_TARGET_MS = 150.0
 STAGE_TARGET = 0.8
 JOB_TIMEOUT_S = 120.0
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 # ------------------------------------------------------------------ the tenant's side
@@ -353,12 +349,6 @@ def run(jobs: int, big_mb: int, reps: int) -> dict:
     return result
 
 
-def _interrupt(signum, _frame):
-    # The first signal unwinds everything (the with-blocks clean up); later ones are
-    # ignored so that the clean-up itself is not cut short.
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main() -> int:
@@ -384,8 +374,7 @@ def main() -> int:
         print(f"bench/container_start.py cannot run here: {why}", file=sys.stderr)
         return 2
     os.chdir(ROOT)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, _interrupt)
+    unwind_on_signals()
     try:
         r = run(args.jobs, args.big_mb, args.reps)
     except KeyboardInterrupt:

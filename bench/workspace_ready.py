@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -37,16 +36,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import percentile, unwind_on_signals  # noqa: E402 (after the path is set)
+
 TARGET_MS = 300.0
 STEP_TIMEOUT_S = 120.0
 IDLE = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 # ------------------------------------------------------------------ the tenant's side
@@ -168,10 +164,6 @@ def run(count: int) -> dict:
     }
 
 
-def _interrupt(signum, _frame):
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main() -> int:
@@ -195,8 +187,7 @@ def main() -> int:
         print(f"bench/workspace_ready.py cannot run here: {why}", file=sys.stderr)
         return 2
     os.chdir(ROOT)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, _interrupt)
+    unwind_on_signals()
     try:
         r = run(args.workspaces)
     except KeyboardInterrupt:

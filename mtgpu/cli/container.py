@@ -24,6 +24,7 @@ import typer
 from ..client.local import ClientError, LocalClient
 from .common import err, fail, out, print_json, request
 from .joblog import FOLLOW, TAIL, print_log
+from .podman import tenant_podman
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 QUEUED_WAIT_S = 15.0
@@ -213,10 +214,7 @@ def _podman_exec(name: str, argv: list[str], tty: bool) -> None:
             got = c.podman_env()
     except ClientError as e:
         fail(e)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_") and k != "XDG_RUNTIME_DIR"}
-    env.update(got["env"])
-    env["HOME"] = os.environ.get("HOME") or got["env"]["HOME"]
-    podman = got.get("podman") or "podman"
+    podman, env = tenant_podman(got)
     flags = ["-i"] + (["-t"] if tty else [])
     term = ["-e", f"TERM={os.environ['TERM']}"] if tty and os.environ.get("TERM") else []
     os.execve(podman, [podman, "exec", *flags, *term, w["container"], *argv], env)

@@ -20,6 +20,7 @@ from ..workspaces.devcontainer import DevContainer, load_devcontainer
 from ..workspaces.errors import DevContainerError
 from ..workspaces.sections import Command
 from .common import err, fail
+from .podman import tenant_podman
 
 POST_CREATE_HOOKS = ("onCreateCommand", "updateContentCommand", "postCreateCommand")
 POST_START_HOOKS = ("postStartCommand", "postAttachCommand")
@@ -97,10 +98,8 @@ def build_image(dc: DevContainer) -> tuple[str, str]:
             here = c.health()["node"]
     except ClientError as e:
         fail(e)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_") and k != "XDG_RUNTIME_DIR"}
-    env.update(got["env"])
-    env["HOME"] = os.environ.get("HOME") or got["env"]["HOME"]
-    argv = [got.get("podman") or "podman", "build", "--pull=never", "-f", b.dockerfile, "-t", tag]
+    podman, env = tenant_podman(got)
+    argv = [podman, "build", "--pull=never", "-f", b.dockerfile, "-t", tag]
     for k, v in sorted(b.args.items()):
         argv += ["--build-arg", f"{k}={v}"]
     if b.target:

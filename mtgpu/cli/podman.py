@@ -17,6 +17,15 @@ from ..client.local import ClientError, LocalClient
 from .common import fail
 
 
+def tenant_podman(got: dict) -> tuple[str, dict[str, str]]:
+    """(podman, its environment) for the calling tenant, from the node's answer to
+    POST /v1/podman/env: the caller's environment with the node's podman settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_") and k != "XDG_RUNTIME_DIR"}
+    env.update(got["env"])
+    env["HOME"] = os.environ.get("HOME") or got["env"]["HOME"]
+    return got.get("podman") or "podman", env
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if os.geteuid() == 0:
@@ -26,10 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             got = c.podman_env()
     except ClientError as e:
         fail(e)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_") and k != "XDG_RUNTIME_DIR"}
-    env.update(got["env"])
-    env["HOME"] = os.environ.get("HOME") or got["env"]["HOME"]
-    podman = got.get("podman") or "podman"
+    podman, env = tenant_podman(got)
     try:
         os.execve(podman, [podman, *args], env)
     except OSError as e:

@@ -1,0 +1,27 @@
+"""What several benchmarks share: percentiles, and Ctrl-C/SIGTERM that unwind cleanly."""
+
+from __future__ import annotations
+
+import signal
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile, linearly interpolated between the two nearest ranks."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _interrupt(signum, _frame):
+    # The first signal unwinds everything (the with-blocks clean up); later ones are
+    # ignored so that the clean-up itself is not cut short.
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def unwind_on_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt once, so `with` blocks clean up."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _interrupt)
