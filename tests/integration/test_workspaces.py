@@ -115,7 +115,7 @@ def test_a_template_workspace_reserves_its_gpu_serves_its_port_and_runs_commands
 
 
 def test_stop_keeps_the_layer_and_frees_the_gpu_and_start_brings_it_back(wnode, alice):
-    ws = mtc_json(wnode, alice, "create", "--template", "plain", "--gpus", "2", "--name", "keep")
+    mtc_json(wnode, alice, "create", "--template", "plain", "--gpus", "2", "--name", "keep")
     running(wnode, alice, "keep")
     r = mtc(wnode, alice, "exec", "keep", "--", "sh", "-c", "echo layer > /tmp/mine")
     assert r.returncode == 0, r.stderr
