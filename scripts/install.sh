@@ -6,9 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
-# podman, uidmap, slirp4netns, catatonit, runc: rootless container jobs ([CONTAINERS]).
+# podman, uidmap, slirp4netns, catatonit, runc: rootless container jobs ([CONTAINERS]);
+# iptables: the rule that keeps each workspace port its tenant's.
 PACKAGES=(python3 python3-venv python3-dev gcc passwd util-linux procps openssh-server openssh-client tmux iproute2
-          podman uidmap slirp4netns catatonit runc)
+          podman uidmap slirp4netns catatonit runc iptables)
 EXTRA=""
 if [ "${1:-}" = "--test" ]; then
   EXTRA="[test]"

@@ -61,6 +61,12 @@ def parts(dc: DevContainer, image: str) -> dict:
         mounts.append([m.source, m.target, m.read_only])
     env = dict(dc.container_env)
     env.update({k: v for k, v in dc.remote_env.items() if v is not None})
+    if dc.override_command is False:
+        fail(f"{dc.config_path}: overrideCommand = false is not available yet: a workspace runs its lifecycle "
+             "commands and then waits, never the image's own command; remove the key", 2)
+    if dc.init is False:
+        fail(f"{dc.config_path}: init = false: a workspace always runs an init process (so that stop and signals "
+             "reach your processes); remove the key", 2)
     if _hooks(dc, ("initializeCommand",)):
         fail(f"{dc.config_path}: initializeCommand runs on the machine that creates the container; it is not "
              "available yet: run it yourself first and remove it from the file", 2)

@@ -37,16 +37,16 @@ def started_before(job: dict, t: float) -> bool:
 
 # ---- aging ------------------------------------------------------------------------------
 
-LOW_PRIORITY = -0.0025           # points below the stream's 0 ...
-AGING_BOUND_S = 0.0025 * 3600    # ... caught up after 9 s of waiting (1 point an hour)
+LOW_PRIORITY = -0.003            # points below the stream's 0 (priorities have 3 decimals) ...
+AGING_BOUND_S = 0.003 * 3600     # ... caught up after 10.8 s of waiting (1 point an hour)
 STREAM_JOB = "#!/bin/bash\n#MTGPU gpus=1 name=stream\nsleep 1.5\n"
 LOW_JOB = f"#!/bin/bash\n#MTGPU gpus=1 name=low priority={LOW_PRIORITY}\nsleep 0.5\n"
 
 
 def test_a_low_priority_job_behind_a_stream_starts_within_the_aging_bound(alice):
     """One tenant (so fair share plays no part), one GPU. A stream of priority-0 jobs is kept
-    queued while one priority=-0.0025 job waits. The bound (docs/SCHEDULING.md): of the stream's
-    jobs submitted before the low job started, exactly those submitted less than 9 s after it
+    queued while one priority=-0.003 job waits. The bound (docs/SCHEDULING.md): of the stream's
+    jobs submitted before the low job started, exactly those submitted less than 10.8 s after it
     start before it; the later ones wait behind it although their priority is higher."""
     with running_node(RTX1) as node, node.client() as c:
         stream = set(node.submit_json(alice, "--array", "0-3", script=STREAM_JOB)["job_ids"])
@@ -72,7 +72,7 @@ def test_a_low_priority_job_behind_a_stream_starts_within_the_aging_bound(alice)
     print(story)
     # The stream's priority counted: jobs submitted after the low one went first ...
     assert any(lead[i] > 0 for i in before), story
-    # ... but only within the aging bound: none submitted 9 s or more after it went first,
+    # ... but only within the aging bound: none submitted 10.8 s or more after it went first,
     assert all(lead[i] < AGING_BOUND_S for i in before), story
     # and the low job started while later stream jobs were queued: it overtook them.
     assert after and all(lead[i] >= AGING_BOUND_S for i in after), story

@@ -262,6 +262,11 @@ def test_save_then_create_on_another_member_and_a_failover_keeps_both(image, ali
         r = mtc(b, alice, "exec", "copy", "--", "cat", "/tmp/saved-file")
         assert r.returncode == 0 and r.stdout.strip() == "layer", (r.stdout, r.stderr)
         assert "fetched from" in b.server_log()
+        # a container job runs in the saved image too
+        jid = b.submit_json(alice, "--container", saved["image"], "--server", member_name(b), "--wrap",
+                            "cat /tmp/saved-file")["job_id"]
+        assert b.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+        assert b.mt_job(alice, "logs", str(jid)).stdout.strip() == "layer"
 
         sched.kill9()
         cl.scheduler(among=[a, b])
