@@ -265,7 +265,8 @@ def test_save_then_create_on_another_member_and_a_failover_keeps_both(image, ali
         # a container job runs in the saved image too
         jid = b.submit_json(alice, "--container", saved["image"], "--server", member_name(b), "--wrap",
                             "cat /tmp/saved-file")["job_id"]
-        assert b.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+        job = b.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+        assert job["state"] == "completed", (job["reason"], b.mt_job(alice, "logs", str(jid)).stdout)
         assert b.mt_job(alice, "logs", str(jid)).stdout.strip() == "layer"
 
         sched.kill9()

@@ -161,14 +161,17 @@ class ContainerRunner(NativeRunner):
             self._guard(launch, ports)
             self._write_owned(files / "entry", entry_script(ws), launch, 0o500)
             uid, gid = self._image_user(tenant, run_as, image, ws.user) if ws.user else (WS_UID, WS_UID)
-            argv = [PODMAN, "run", "--init", "--pull=never", f"--userns=keep-id:uid={uid},gid={gid}", "--name", name,
+            argv = [PODMAN, "run", "--init", "--pull=never", f"--userns=keep-id:uid={uid},gid={gid}",
+                    "--user", f"{uid}:{gid}", "--name", name,
                     "--label", f"{WS_LABEL}={launch.job_id}", "--label", f"{GPUS_LABEL}={gpus_label(launch.gpu_indices)}",
                     *[a for k, v in ws.labels for a in ("--label", f"{k}={v}")], *publish_args(ports)]
             state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
         else:
             name = container_name(launch.job_id, token)
             self._write_owned(files / "script", launch.script, launch, 0o500)
-            argv = [PODMAN, "run", "--rm", "--init", "--pull=never", "--userns=keep-id", "--name", name]
+            # --user too: an image's own USER (a saved workspace's is 1000) would win over keep-id's
+            argv = [PODMAN, "run", "--rm", "--init", "--pull=never", "--userns=keep-id",
+                    "--user", f"{launch.uid}:{launch.gid}", "--name", name]
             state["container"]["name"] = name
         argv += ["--label", f"mtgpu.job={launch.job_id}", "--label", f"mtgpu.node={self.node_name}",
                  "--label", f"mtgpu.run={token}", "--network", network,
