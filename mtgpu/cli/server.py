@@ -23,9 +23,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ..agent.podman.tenant import PodmanSetupError
     from ..server.main import run_node  # heavy imports only after the config is good
+    from ..server.ports import PortTaken
+    from ..state.journal import JournalCorrupt
 
     try:
         return run_node(config)
+    except JournalCorrupt as e:
+        logging.getLogger("mtgpu-server").error("%s", e)
+        print(f"mtgpu-server: cannot start: {e}", file=sys.stderr)
+        return 2
+    except PortTaken as e:
+        logging.getLogger("mtgpu-server").error("%s", e)
+        print(f"mtgpu-server: cannot start: {e}", file=sys.stderr)
+        return 2
     except ClusterSetupError as e:
         logging.getLogger("mtgpu-server").error("%s", e)
         print(f"mtgpu-server: this member cannot take part in the cluster: {e}", file=sys.stderr)

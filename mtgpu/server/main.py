@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -19,6 +20,7 @@ from .cluster.errors import ClusterSetupError
 from .cluster.link import open_cluster_member
 from .api.identity import PeerCredProtocol
 from .member.runtime import Member
+from .ports import take_ports
 from .api.service import MemberService
 from .api.tenants import TenantService
 
@@ -80,14 +82,18 @@ def build_service(config: Config) -> MemberService:
     prepare_state_dir(state_dir)
     agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), node_name=config.NODE_NAME,
                             containers=container_settings(config))
-    if config.CLUSTER_MODE == "cluster":
-        member = open_cluster_member(config, agent)
-    else:
-        member = Member(config, agent, JournaledState(state_dir / "state"))
+    try:
+        if config.CLUSTER_MODE == "cluster":
+            member = open_cluster_member(config, agent)
+        else:
+            member = Member(config, agent, JournaledState(state_dir / "state"))
+    except BaseException:
+        agent.close()  # its device nodes and CDI spec go with it
+        raise
     return MemberService(member)
 
 
-async def _serve(service: MemberService, config: Config) -> None:
+async def _serve(service: MemberService, config: Config, public_sock: socket.socket) -> None:
     host, port = config.listen_host_port()
     sock_path = str(config.socket_path)
     quiet = {"log_level": "warning", "access_log": False, "lifespan": "off"}
@@ -101,7 +107,7 @@ async def _serve(service: MemberService, config: Config) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.create_task(local.serve()), asyncio.create_task(public.serve())]
+    tasks = [asyncio.create_task(local.serve()), asyncio.create_task(public.serve(sockets=[public_sock]))]
     log.info("node %s serving on %s and %s:%d", config.NODE_NAME, sock_path, host, port)
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -113,10 +119,14 @@ async def _serve(service: MemberService, config: Config) -> None:
 
 
 def run_node(config: Config) -> int:
-    service = build_service(config)
-    service.member.start()
+    public_sock = take_ports(config)  # a port in use stops the start here, before anything is announced
     try:
-        asyncio.run(_serve(service, config))
+        service = build_service(config)
+        service.member.start()
+        try:
+            asyncio.run(_serve(service, config, public_sock))
+        finally:
+            service.member.stop()
     finally:
-        service.member.stop()
+        public_sock.close()
     return 0

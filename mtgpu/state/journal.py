@@ -12,6 +12,7 @@ to a temporary file, fsync'd, renamed) and `journal.jsonl` (commands N+1...).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -26,7 +27,14 @@ SNAPSHOT_EVERY = 5000
 
 
 class JournalCorrupt(Exception):
-    """A journal line in the middle of the file cannot be read."""
+    """The snapshot or a journal line in the middle of the file cannot be read: the node
+    refuses to start (acknowledged commands after it would be lost), naming the file,
+    where, and the fix."""
+
+
+class StateWriteError(OSError):
+    """A command could not be made durable (the disk is full, or failing): it was not
+    applied, and the journal is as it was before it."""
 
 
 class JournaledState:
@@ -46,8 +54,15 @@ class JournaledState:
     # ------------------------------------------------------------------ load
     def _load(self) -> StateMachine:
         if self.snapshot_path.exists():
-            with open(self.snapshot_path, "rb") as f:
-                machine = StateMachine.from_dict(json.load(f))
+            try:
+                with open(self.snapshot_path, "rb") as f:
+                    machine = StateMachine.from_dict(json.load(f))
+            except (ValueError, KeyError, TypeError) as e:
+                raise JournalCorrupt(
+                    f"the snapshot {self.snapshot_path} cannot be read ({type(e).__name__}: {str(e)[:200]}); it holds "
+                    "every job and tenant up to its sequence, so the node does not start without it: restore it from a "
+                    f"backup of {self.directory}, or, to start with an empty state (every job and tenant record lost), "
+                    f"move {self.directory} away") from None
         else:
             machine = StateMachine()
         if not self.journal_path.exists():
@@ -70,11 +85,14 @@ class JournaledState:
                 if nl + 1 >= len(data):
                     log.warning("journal %s: dropping an unreadable last line", self.journal_path)
                     break
-                raise JournalCorrupt(f"{self.journal_path}: unreadable line at byte {pos}") from None
-            seq = entry["seq"]
+                raise JournalCorrupt(self._cut_here(pos, len(data), "an unreadable line")) from None
+            seq = entry.get("seq") if isinstance(entry, dict) else None
+            if not isinstance(seq, int) or not isinstance(entry.get("command"), dict):
+                raise JournalCorrupt(self._cut_here(pos, len(data), "a line that is not a journal entry"))
             if seq > machine.applied:
                 if seq != machine.applied + 1:
-                    raise JournalCorrupt(f"{self.journal_path}: sequence jumps from {machine.applied} to {seq}")
+                    raise JournalCorrupt(self._cut_here(pos, len(data), f"a sequence jump from {machine.applied} to "
+                                                                        f"{seq}"))
                 machine.apply(entry["command"])
                 replayed += 1
             pos = nl + 1
@@ -85,22 +103,45 @@ class JournaledState:
         log.info("state loaded: %d jobs, %d journal entries replayed", len(machine.jobs), replayed)
         return machine
 
+    def _cut_here(self, pos: int, size: int, what: str) -> str:
+        return (f"the journal {self.journal_path} has {what} at byte {pos} of {size}: the commands after it were "
+                "acknowledged and cannot be replayed safely, so the node does not start. To start from what is "
+                f"intact (the changes after byte {pos} are lost: check the jobs submitted since), cut it there: "
+                f"truncate -s {pos} {self.journal_path}; or restore {self.directory} from a backup")
+
     # ------------------------------------------------------------------ apply
     def apply(self, command: dict) -> dict:
         """Apply `command` and make it durable before returning its result.
 
         Rejected commands are journaled too: replay must see the same sequence."""
-        line = None
         with self.lock:
             seq = self.machine.applied + 1
             line = json.dumps({"seq": seq, "command": command}, separators=(",", ":")).encode() + b"\n"
-            self._journal.write(line)
-            os.fsync(self._journal.fileno())
+            end = self._journal.tell()
+            try:
+                written = self._journal.write(line)
+                if written != len(line):
+                    raise OSError(errno.ENOSPC, "short write")
+                os.fsync(self._journal.fileno())
+            except OSError as e:
+                self._undo_to(end)
+                raise StateWriteError(e.errno, f"the command was not recorded: writing the journal "
+                                               f"{self.journal_path} failed ({e.strerror or e}); free space in "
+                                               f"{self.directory.parent} (STATE_DIR) or fix the disk, then retry") from None
             result = self.machine.apply(command)
             self._since_snapshot += 1
             if self._since_snapshot >= self.snapshot_every:
                 self.snapshot()
         return result
+
+    def _undo_to(self, end: int) -> None:
+        """Cut what a failed write left after `end`, so no torn line sits mid-journal."""
+        try:
+            self._journal.truncate(end)
+            self._journal.seek(end)
+            os.fsync(self._journal.fileno())
+        except OSError as e:
+            log.error("journal %s: could not cut a failed write back to byte %d: %s", self.journal_path, end, e)
 
     def apply_async(self, command: dict, callback) -> None:
         """The same contract as RaftState.apply_async (here it completes at once)."""
