@@ -17,7 +17,9 @@ from pathlib import Path
 
 from ..model.gpu import GpuInfo, HostInfo
 from .runners.base import NEVER_STARTED, RUNNING, Launch, LocalRun, Runner
+from .podman.cdi import make_sim_nodes, remove_sim_nodes, spec_name
 from .podman.setup import ContainerSettings, ContainerSetup, open_containers
+from .podman.tenant import PodmanHost
 from .runners.native import NativeRunner
 from .telemetry import open_backend
 from .telemetry.base import GpuBackend
@@ -47,6 +49,8 @@ class LocalAgent:
         self._last_gpus: list[GpuInfo] = []
         self._lock = threading.Lock()
         self.containers: ContainerSetup | None = None  # set by open() when containers are enabled
+        self.gpu_devices: dict[int, tuple[str, ...]] = {}  # each GPU's device nodes (fencing); set by open()
+        self._sim_nodes: str | None = None
 
     @classmethod
     def open(cls, state_dir: Path, gpu_backend: str, simulated_gpus: list[dict], node_name: str,
@@ -58,15 +62,39 @@ class LocalAgent:
         backend = open_backend(gpu_backend, simulated_gpus, Path(state_dir), node_name)
         if containers is None:
             runner: Runner = NativeRunner(Path(state_dir) / "runs", cgroup_parent=f"mtgpu-{node_name}")
-            return cls(state_dir, runner, backend)
-        try:
-            setup = open_containers(Path(state_dir), node_name, containers, backend)
-        except Exception:
-            backend.close()
-            raise
-        agent = cls(state_dir, setup.runner, backend)
-        agent.containers = setup
+            agent = cls(state_dir, runner, backend)
+        else:
+            try:
+                setup = open_containers(Path(state_dir), node_name, containers, backend)
+            except Exception:
+                backend.close()
+                raise
+            agent = cls(state_dir, setup.runner, backend)
+            agent.containers = setup
+        agent._find_gpu_devices(node_name)
         return agent
+
+    def _find_gpu_devices(self, node_name: str) -> None:
+        """Each GPU's device nodes, which a job that was not given that GPU is denied
+        (docs/ISOLATION.md): NVIDIA's /dev/nvidiaN by NVML's minor number; simulated GPUs
+        get real device nodes of their own (numbers no real device has) so that fencing is
+        tested without hardware; AMD and Intel: none (not fenced yet)."""
+        try:
+            gpus = self.backend.sample()
+        except Exception as e:  # noqa: BLE001 - telemetry problems are reported by the telemetry path
+            log.warning("GPU device nodes unknown (%s): other GPUs are not fenced off jobs", e)
+            return
+        if self.backend.name == "simulated":
+            name = spec_name(node_name, PodmanHost(self.state_dir).key)
+            try:
+                paths = make_sim_nodes(name, [g.index for g in gpus])
+            except OSError as e:
+                log.warning("simulated GPUs get no device nodes (%s): other GPUs are not fenced off jobs", e)
+                return
+            self._sim_nodes = name
+            self.gpu_devices = {g.index: (p,) for g, p in zip(gpus, paths)}
+        elif hasattr(self.backend, "device_nodes"):
+            self.gpu_devices = {i: (p,) for i, p in self.backend.device_nodes().items() if os.path.exists(p)}
 
     # ------------------------------------------------------------ measuring
     def sample(self) -> tuple[list[GpuInfo], HostInfo]:
@@ -207,4 +235,6 @@ class LocalAgent:
     def close(self) -> None:
         if self.containers is not None:
             self.containers.close()
+        if self._sim_nodes is not None:
+            remove_sim_nodes(self._sim_nodes)
         self.backend.close()

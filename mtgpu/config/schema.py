@@ -318,6 +318,33 @@ class ContainersConfig(BaseModel):
         return out
 
 
+def _grace(value: str) -> str:
+    try:
+        seconds = parse_duration(value)
+    except UnitError as e:
+        raise _bad(f"vram_grace = {value!r}: {e}; give a duration such as \"30s\"") from None
+    if not 1 <= seconds <= 3600:
+        raise _bad(f"vram_grace = {value!r}: give 1s to 1h (how long a job may stay above its VRAM reservation)")
+    return value
+
+
+class GpuPolicyConfig(BaseModel):
+    """`[GPU_POLICY]`: what the node does when a shared-mode job uses more VRAM than it
+    reserved (docs/ISOLATION.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vram_overuse: Literal["stop", "warn", "off"] = Field(
+        "stop", description="a shared-mode job above its vram= reservation for vram_grace: \"stop\" it (failed, "
+                            "with the figures), \"warn\" in its reason, or \"off\"")
+    vram_grace: Annotated[str, AfterValidator(_grace)] = Field(
+        "30s", description="how long a job may stay above its VRAM reservation before vram_overuse applies")
+
+    @property
+    def vram_grace_s(self) -> float:
+        return parse_duration(self.vram_grace)
+
+
 class SimulatedGpu(BaseModel):
     """One `[[SIMULATED_GPUS]]` entry: `count` identical GPUs the simulated backend reports."""
 
@@ -449,6 +476,8 @@ class Config(BaseModel):
         (200000, 299999), description="UIDs/GIDs handed to tenants, the same on every node"
     )
     CONTAINERS: ContainersConfig = Field(default_factory=ContainersConfig, description="container workspaces and jobs")
+    GPU_POLICY: GpuPolicyConfig = Field(default_factory=GpuPolicyConfig,
+                                        description="what is done to a shared-mode job above its VRAM reservation")
     SIMULATED_GPUS: list[SimulatedGpu] = Field(
         default_factory=list, description="the GPUs the simulated backend reports; none is a CPU-only node"
     )
@@ -532,6 +561,7 @@ class Config(BaseModel):
 SECTION_MODELS: dict[tuple[str, ...], type[BaseModel]] = {
     (): Config,
     ("CONTAINERS",): ContainersConfig,
+    ("GPU_POLICY",): GpuPolicyConfig,
     ("SIMULATED_GPUS",): SimulatedGpu,
     ("PYTHON_INTERPRETERS",): PythonInterpreter,
 }

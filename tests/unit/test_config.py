@@ -422,3 +422,12 @@ def test_bad_containers_values_name_the_key_the_value_and_the_fix(key, value, wo
 
 def test_containers_enabled_false_is_accepted_as_it_says_what_happens():
     assert config_from_dict({"CONTAINERS": {"enabled": False}}).CONTAINERS.enabled is False
+
+
+def test_gpu_policy_is_checked_and_defaults_to_stop_after_30s():
+    c = config_from_dict({}).GPU_POLICY
+    assert c.vram_overuse == "stop" and c.vram_grace_s == 30.0
+    assert config_from_dict({"GPU_POLICY": {"vram_overuse": "warn", "vram_grace": "5s"}}).GPU_POLICY.vram_grace_s == 5
+    assert "GPU_POLICY.vram_overuse" in only_problem({"GPU_POLICY": {"vram_overuse": "kill"}})
+    problem = only_problem({"GPU_POLICY": {"vram_grace": "2d"}})
+    assert problem.startswith("GPU_POLICY.vram_grace") and "1s to 1h" in problem, problem

@@ -29,6 +29,7 @@ class Launch:
     gpu_vendor: str | None = None
     gpu_indices: tuple[int, ...] = ()
     all_gpu_indices: tuple[int, ...] = field(default=())  # the node's GPUs: the others are denied
+    gpu_devices: dict = field(default_factory=dict)  # GPU index -> its device node paths, every GPU of the node
     # Cluster mode: the agent renews this file; the job is killed when it is older than lease_s.
     lease_path: str | None = None
     lease_s: float | None = None

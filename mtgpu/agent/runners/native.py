@@ -15,6 +15,7 @@ import pwd
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -196,8 +197,22 @@ class NativeRunner:
         return Command(_interpreter(launch.script), env, script_arg=True)
 
     def _denied_devices(self, launch: Launch) -> list[tuple[str, int, int]]:
-        others = tuple(i for i in launch.all_gpu_indices if i not in launch.gpu_indices)
-        return gpu_device_nodes(launch.gpu_vendor, others)
+        """The device nodes of the node's GPUs this job was not given."""
+        if not launch.gpu_devices:
+            others = tuple(i for i in launch.all_gpu_indices if i not in launch.gpu_indices)
+            return gpu_device_nodes(launch.gpu_vendor, others)
+        denied = []
+        for index, paths in sorted(launch.gpu_devices.items()):
+            if index in launch.gpu_indices:
+                continue
+            for path in paths:
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                kind = "c" if stat.S_ISCHR(st.st_mode) else "b"
+                denied.append((kind, os.major(st.st_rdev), os.minor(st.st_rdev)))
+        return denied
 
     def _enforced(self, launch: Launch, cg) -> dict:
         got = dict(cg.enforced) if cg else {}
@@ -215,8 +230,10 @@ class NativeRunner:
         out["pids"] = got.get("pids", "not enforced (pids cgroup not writable)")
         if "devices" in got:
             out["devices"] = got["devices"]
-        elif not gpu_device_nodes(launch.gpu_vendor, tuple(launch.all_gpu_indices)):
+        elif not launch.gpu_devices and not gpu_device_nodes(launch.gpu_vendor, tuple(launch.all_gpu_indices)):
             out["devices"] = "not applicable (no GPU device nodes)"
+        elif not self._denied_devices(launch):
+            out["devices"] = "not needed (the job has every GPU of the node)"
         elif v == "v2":
             out["devices"] = "not enforced (cgroup v2 needs eBPF)"
         else:
@@ -321,6 +338,11 @@ class NativeRunner:
         return dict(self._run(job_id).state.get("enforced", {}))
 
     # -- stop / cleanup ----------------------------------------------------------
+    def job_pids(self, job_id: int) -> set[int]:
+        """The live processes of a job this runner knows (empty when it knows none)."""
+        run = self._runs.get(job_id)
+        return self._tree(run) if run is not None else set()
+
     def _tree(self, run: _Run) -> set[int]:
         """Every live process of the job: its cgroups, its process group, its marker."""
         job_id = run.state["job_id"]

@@ -10,6 +10,7 @@ places a job: it only carries out placements.
 from __future__ import annotations
 
 import logging
+import os
 import pwd
 import socket
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ...model.job import Job, JobState
 from ...state import commands as C
 from ...state.store import Store, try_commit
 from .idle_watch import IdleWatch
+from .vram_watch import VramWatch
 from .image_gate import FAIL, WAIT, Fetch, ImageGate
 from .jobenv import job_env
 from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reconcile
@@ -29,6 +31,7 @@ from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reco
 log = logging.getLogger(__name__)
 
 LOG_SWEEP_EVERY_S = 60.0
+MPS_CONTROL = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps") + "/control"
 
 
 @dataclass(slots=True)
@@ -42,7 +45,7 @@ class _Unsent:
 class AgentLoop:
     def __init__(self, store: Store, agent: LocalAgent, node_name: str, home_root: str, state_dir: Path,
                  clock, advertise_host: str = "127.0.0.1", lease=None, fetch_image: Fetch | None = None,
-                 idle_timeout_s: float | None = None) -> None:
+                 idle_timeout_s: float | None = None, vram_policy: str = "stop", vram_grace_s: float = 30.0) -> None:
         self.store = store
         self.agent = agent
         self.node_name = node_name
@@ -58,6 +61,9 @@ class AgentLoop:
         self._node_vendors: set[str] = set()
         self.images = ImageGate(agent.containers, fetch_image, node_name)
         self.idle = IdleWatch(store, agent, node_name, idle_timeout_s)
+        self.vram = VramWatch(node_name, vram_policy, vram_grace_s)
+        self._next_vram_at = 0.0
+        self.mps = os.path.exists(MPS_CONTROL)  # NVIDIA MPS runs here: shared jobs get its memory limit too
 
     # ------------------------------------------------------------ start-up
     def recover(self) -> None:
@@ -99,6 +105,8 @@ class AgentLoop:
             self._apply_action(action, runs)
         self._send_reports()
         self.remove_workspaces(set(runs))
+        if in_sync:
+            self._enforce_vram(now, runs)
         if self.idle.timeout_s and in_sync:
             with self.store.lock:
                 mine = [j for j in self.store.machine.running_jobs() if j.spec.workspace is not None
@@ -201,7 +209,7 @@ class AgentLoop:
         alloc = job.allocations[rank]
         user = _user_name(job)
         home = home_of(job.uid, str(Path(self.home_root) / job.tenant))
-        env = job_env(job, rank, self.node_name, user, home, self._node_vendors, master)
+        env = job_env(job, rank, self.node_name, user, home, self._node_vendors, master, mps=self.mps)
         launch = Launch(
             job_id=job.id, uid=job.uid, gid=job.gid, extra_gids=supplementary_groups(user, job.gid),
             home=home, workdir=job.spec.workdir or home, script=job.spec.script, env=env,
@@ -209,6 +217,7 @@ class AgentLoop:
             cpus=alloc.cpus or None, mem_bytes=alloc.mem_bytes or None,
             gpu_vendor=alloc.vendor, gpu_indices=tuple(g.index for g in alloc.gpus),
             all_gpu_indices=tuple(sorted(self.agent.gpu_indices())),
+            gpu_devices=dict(self.agent.gpu_devices),
             lease_path=str(self.lease.path) if self.lease else None,
             lease_s=self.lease.timeout_s if self.lease else None,
             container=job.spec.container,
@@ -229,6 +238,29 @@ class AgentLoop:
             if ws is not None:
                 note["ws"] = {"node": self.node_name, "removed": False, **ws}
             try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, enforced=enforced, attempt=job.attempt, **note)
+
+    def _enforce_vram(self, now: float, runs) -> None:
+        """Shared-mode jobs above their VRAM reservation (vram_watch.py): stopped and failed
+        with the figures, or warned about in their reason."""
+        if self.vram.policy == "off" or now < self._next_vram_at:
+            return
+        self._next_vram_at = now + 1.0  # the GPUs are sampled once a second
+        with self.store.lock:
+            mine = [j for j in self.store.machine.running_jobs() if j.id in runs and self._my_rank(j) is not None
+                    and any(g.vram_bytes for a in j.allocations for g in a.gpus)]
+        if not mine:
+            return
+        pids_of = getattr(self.agent.runner, "job_pids", lambda _j: set())
+        for o, why in self.vram.check(now, mine, pids_of, self.agent.last_gpus()):
+            if self.vram.policy == "warn":
+                log.warning("job %d: %s", o.job_id, why)
+                try_commit(self.store, C.JOB_ANNOTATE, job_id=o.job_id, reason=why, attempt=o.attempt)
+            elif o.job_id not in self._unsent:
+                log.warning("job %d: %s", o.job_id, why)
+                self.agent.stop(o.job_id)
+                self._unsent[o.job_id] = _Unsent(C.JOB_FINISH, {"job_id": o.job_id, "attempt": o.attempt,
+                                                                "rank": o.rank, "state": "failed", "reason": why})
+        self._send_reports()
 
     def _workspace_info(self, job_id: int) -> dict | None:
         runner = self.agent.runner

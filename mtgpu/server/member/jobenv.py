@@ -8,7 +8,7 @@ to nothing, so a CPU-only job on a GPU node sees no GPU at all.
 from __future__ import annotations
 
 from ...model.gpu import VISIBILITY_VARS
-from ...model.job import Job, NodeAllocation
+from ...model.job import GpuMode, Job, NodeAllocation
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -23,8 +23,15 @@ def visibility_env(alloc: NodeAllocation, node_vendors: set[str]) -> dict[str, s
     return env
 
 
+def mps_memory_limits(alloc: NodeAllocation) -> str:
+    """NVIDIA MPS's per-client memory limit for the job's shared slots that reserve VRAM,
+    by the device ordinals the job sees (0..k-1 in its CUDA_VISIBLE_DEVICES order)."""
+    return ",".join(f"{i}={max(1, g.vram_bytes >> 20)}M" for i, g in enumerate(alloc.gpus)
+                    if g.mode is GpuMode.SHARED and g.vram_bytes > 0)
+
+
 def job_env(job: Job, rank: int, node_name: str, user: str, home: str,
-            node_vendors: set[str], master: tuple[str, int] | None = None) -> dict[str, str]:
+            node_vendors: set[str], master: tuple[str, int] | None = None, mps: bool = False) -> dict[str, str]:
     alloc = job.allocations[rank]
     env = {
         "PATH": DEFAULT_PATH,
@@ -48,6 +55,8 @@ def job_env(job: Job, rank: int, node_name: str, user: str, home: str,
         env["MTGPU_CPUS"] = f"{alloc.cpus:g}"
         env["OMP_NUM_THREADS"] = str(max(1, int(alloc.cpus)))
     env.update(visibility_env(alloc, node_vendors))
+    if mps and alloc.vendor == "nvidia" and mps_memory_limits(alloc):
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = mps_memory_limits(alloc)
     if len(job.allocations) > 1 and master is not None:
         nnodes, host, port = str(len(job.allocations)), master[0], str(master[1])
         for prefix in ("MTGPU_", "PET_"):

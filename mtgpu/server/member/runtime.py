@@ -52,7 +52,9 @@ class Member:
         self.agent_loop = AgentLoop(store, agent, self.node_name, str(config.TENANT_HOME_ROOT), self.state_dir,
                                     clock, advertise_host=host, lease=self.lease,
                                     fetch_image=self.link.fetch_image if self.link.is_cluster else None,
-                                    idle_timeout_s=config.CONTAINERS.idle_timeout_s)
+                                    idle_timeout_s=config.CONTAINERS.idle_timeout_s,
+                                    vram_policy=config.GPU_POLICY.vram_overuse,
+                                    vram_grace_s=config.GPU_POLICY.vram_grace_s)
         self.accounts = AccountsAgent(store, config, self.node_name, clock, config.CLUSTER_ID or self.node_name)
         self.local_telemetry: NodeTelemetry | None = None
         self._wake = threading.Event()
