@@ -7,6 +7,22 @@ from typing import Any
 import httpx
 
 
+STALE_HEADER = "x-mtgpu-stale"  # set by a member that cannot reach the cluster: why its answer may be old
+
+
+def stale_warning(r: httpx.Response) -> None:
+    """Print the member's warning once per message when its answer may be out of date."""
+    why = r.headers.get(STALE_HEADER)
+    if why and why not in _warned:
+        _warned.add(why)
+        import sys
+
+        sys.stderr.write(f"warning: {why}\n")
+
+
+_warned: set[str] = set()
+
+
 class ClientError(Exception):
     """The node answered with an error, or could not be reached; the message says which."""
 
@@ -18,6 +34,7 @@ class ClientError(Exception):
 
 def answer(r: httpx.Response) -> Any:
     """The JSON body of a node's answer, or ClientError with the node's own message."""
+    stale_warning(r)
     if r.status_code >= 400:
         try:
             body = r.json()

@@ -21,6 +21,7 @@ from ...model import logstream
 from ...state.store import ReplicationError
 from ..cluster.errors import ClusterSetupError
 from ..cluster.link import IMAGE_PATH
+from ...client.errors import STALE_HEADER
 from . import logs
 from .identity import Caller, caller_from_peer
 from .logs import LogResponse
@@ -152,6 +153,15 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
 
 def add_job_routes(app: FastAPI, service: MemberService, identify) -> None:
     """The tenant's job routes; `identify(request)` says who calls (peer credentials or signature)."""
+
+    @app.middleware("http")
+    async def stale_warning(request: Request, call_next):
+        """Every answer of a member that does not hear the cluster says so (clients print it)."""
+        response = await call_next(request)
+        problem = service.member.link.quorum_problem()
+        if problem:
+            response.headers[STALE_HEADER] = problem
+        return response
 
     @app.post("/v1/jobs")
     async def submit(body: SubmitRequest, request: Request) -> dict:

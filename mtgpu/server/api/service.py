@@ -256,11 +256,18 @@ class MemberService:
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's
         telemetry; a member that does not schedule asks the one that does)."""
-        if not self.member.is_scheduler():
+        problem = self.member.link.quorum_problem()
+        if not self.member.is_scheduler() and problem is None:
             remote = self.member.link.leader_nodes()
             if remote is not None:
                 return remote
-        return self.nodes_view()
+        view = self.nodes_view()
+        if problem:
+            for n in view:  # the last committed roles and states are not the current ones
+                if n["name"] != self.node_name:
+                    n["state"], n["reason"] = "unknown", problem
+                n["role"] += "?" if n["name"] != self.node_name else ""
+        return view
 
     def nodes_view(self) -> list[dict]:
         machine = self.store.machine

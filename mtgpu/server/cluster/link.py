@@ -92,8 +92,13 @@ def load_or_create_secret(config: Config, founding_alone: bool) -> str:
 
 
 class Signer:
+    """Member-to-member requests, signed with a key derived from the cluster secret; a
+    signature is accepted once (a replayed request is refused) and while fresh."""
+
     def __init__(self, secret: str) -> None:
         self._key = hashlib.sha256(b"mtgpu-api-v1\0" + secret.encode()).digest()
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def headers(self, method: str, path: str, body: bytes, node: str) -> dict[str, str]:
         ts = f"{time.time():.3f}"
@@ -112,6 +117,14 @@ class Signer:
             return f"the request is {age:.0f}s old (clocks apart?)"
         if not hmac.compare_digest(sig, self._sign(method, path, ts, body)):
             return "wrong signature: this machine does not hold the cluster secret"
+        now = time.monotonic()
+        with self._lock:
+            if sig in self._seen:
+                return "this signed request was already used (replay)"
+            self._seen[sig] = now
+            if len(self._seen) > 20000:
+                horizon = now - 2 * SIGNATURE_MAX_AGE_S
+                self._seen = {k: v for k, v in self._seen.items() if v > horizon}
         return None
 
     def _sign(self, method: str, path: str, ts: str, body: bytes) -> str:
@@ -482,6 +495,28 @@ class ClusterLink:
         if self.store.is_leader():
             return True
         return time.monotonic() - self._last_report_ok < 3 * REPORT_EVERY_S
+
+    def quorum_problem(self) -> str | None:
+        """None while this member hears the cluster (it schedules with a majority, or the
+        scheduler took one of its reports lately); else what it cannot reach and since
+        when, so that a view of its replica is not taken for the cluster's current state."""
+        now = time.monotonic()
+        if self.store.is_leader():
+            age = self.store.majority_heard_age_s()
+            if age <= MAJORITY_STALE_S:
+                return None
+            return (f"{self.node_name} schedules but has not heard a majority of the voters for {age:.0f}s: it "
+                    "places nothing, and what is shown is its last state, maybe out of date")
+        if self.in_touch():
+            return None
+        if self._last_report_ok:
+            since = time.strftime("%H:%M:%S", time.localtime(time.time() - (now - self._last_report_ok)))
+            when = f"since {since} ({now - self._last_report_ok:.0f}s)"
+        else:
+            when = "since it started"
+        return (f"no scheduler reachable from {self.node_name} {when}: what is shown is the last state it knew, "
+                "maybe out of date (members, roles and jobs); a majority of the voters must be up for the cluster "
+                "to place work")
 
     def renew_lease(self) -> None:
         """The scheduler's member renews its jobs' lease from its last word with a

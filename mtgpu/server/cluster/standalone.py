@@ -33,11 +33,18 @@ class Link(Protocol):
         """Why queued jobs wait, from the scheduler (when this member is not it)."""
         ...
 
+    def quorum_problem(self) -> str | None:
+        return None
+
     def leader_nodes(self) -> list[dict] | None:
         """Every member as the scheduler sees it, or None when no scheduler answers."""
         ...
 
     def voter_names(self) -> list[str]: ...
+
+    def quorum_problem(self) -> str | None:
+        """None while this member hears the cluster; else why what it shows may be stale."""
+        ...
 
     async def open_log(self, node_name: str, job_id: int, offset: int, tail_lines: int | None, rank: int):
         """Start streaming a job's log kept by another member (a link.RemoteLog); raises
@@ -75,6 +82,9 @@ class StandaloneLink:
 
     def pending_reasons(self) -> dict[int, str]:
         return {}  # it is the scheduler: its own reasons are read directly
+
+    def quorum_problem(self) -> str | None:
+        return None
 
     def leader_nodes(self) -> list[dict] | None:
         return None
