@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
 VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
 set +e
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then
