@@ -95,6 +95,12 @@ class LocalAgent:
             self.gpu_devices = {g.index: (p,) for g, p in zip(gpus, paths)}
         elif hasattr(self.backend, "device_nodes"):
             self.gpu_devices = {i: (p,) for i, p in self.backend.device_nodes().items() if os.path.exists(p)}
+        cgroups = getattr(self.runner, "cgroups", None)
+        if self.gpu_devices and cgroups is not None and "devices" not in getattr(cgroups, "bases", {}):
+            why = ("cgroup v2 has no devices controller (a device eBPF program would be needed, not available yet)"
+                   if cgroups.version == "v2" else "the devices cgroup is not writable")
+            log.warning("GPU device fencing is unavailable on this node: %s; a native job can open every GPU's "
+                        "device node (container jobs still get only their GPUs)", why)
 
     # ------------------------------------------------------------ measuring
     def sample(self) -> tuple[list[GpuInfo], HostInfo]:

@@ -121,7 +121,7 @@ class JournaledState:
             try:
                 written = self._journal.write(line)
                 if written != len(line):
-                    raise OSError(errno.ENOSPC, "short write")
+                    raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (a short write)")
                 os.fsync(self._journal.fileno())
             except OSError as e:
                 self._undo_to(end)

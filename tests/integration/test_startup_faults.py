@@ -1,11 +1,13 @@
-"""Start-up faults (issue 12): a port the node must listen on is in use. The start stops
-before the node announces itself or joins a Raft group, with one line that names the
-port, the process that holds it and the rule."""
+"""Start-up and storage faults (issue 12): a port the node must listen on is in use (the
+start stops before the node announces itself or joins a Raft group, with one line that
+names the port, the process that holds it and the rule); STATE_DIR's disk is full."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 
 import pytest
 
@@ -61,3 +63,46 @@ def test_a_taken_raft_port_stops_a_member_before_it_joins():
             log = refused_start(member)
     assert f"port {raft_port} is in use by process {os.getpid()}" in log, log
     assert "Raft listens on LISTEN's port + 1" in log and "serving on" not in log, log
+
+
+def test_a_full_state_disk_refuses_a_submission_clearly_and_the_node_goes_on(alice):
+    """STATE_DIR on a small tmpfs the test mounts: filled up, a submission is refused with
+    the reason and the fix, nothing is half-written, and once space is freed it works."""
+    with running_node([], start=False) as node:
+        node.state_dir.mkdir(parents=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", str(node.state_dir)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        try:
+            node.start()
+            first = node.submit_json(alice, "--wrap", "echo before")["job_id"]
+            assert node.wait_state(first, {"completed", "failed"})["state"] == "completed"
+            filler = node.state_dir / "filler"
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * (1 << 20))
+                        f.flush()
+                except OSError:
+                    pass
+            # The journal's last page may still hold a line or two: submit until one is refused.
+            accepted = []
+            for _ in range(100):
+                r = node.mt_job(alice, "submit", "--json", "--wrap", "echo during")
+                if r.returncode != 0:
+                    break
+                accepted.append(json.loads(r.stdout)["job_id"])
+            assert r.returncode != 0 and "No space left on device" in r.stderr and "free space" in r.stderr, r.stderr
+            with node.client() as c:
+                assert c.health()["ok"]  # the node goes on
+            filler.unlink()
+            later = node.submit_json(alice, "--wrap", "echo after")["job_id"]
+            assert node.wait_state(later, {"completed", "failed"})["state"] == "completed"
+            assert later == (accepted[-1] if accepted else first) + 1  # the refused one was never recorded
+            node.terminate()
+            node.start()  # and the journal replays cleanly: nothing torn was left in it
+            assert node.job(later)["state"] == "completed"
+        finally:
+            node.terminate()
+            subprocess.run(["umount", "-l", str(node.state_dir)], capture_output=True)

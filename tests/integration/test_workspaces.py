@@ -97,6 +97,10 @@ def test_a_template_workspace_reserves_its_gpu_serves_its_port_and_runs_commands
     # a command inside, as the tenant
     r = mtc(wnode, alice, "exec", "web1", "--", "sh", "-c", "id -u; cat /tmp/www/index.html")
     assert r.returncode == 0 and r.stdout.split()[0] == "1000", (r.stdout, r.stderr)
+    # VS Code's Dev Containers reads this label when it attaches
+    r = wnode.run_cli("mtgpu.cli.podman", alice, "inspect", "--format",
+                      '{{index .Config.Labels "devcontainer.metadata"}}', ws["workspace"]["container"])
+    assert json.loads(r.stdout) == [{"workspaceFolder": alice.home}], (r.stdout, r.stderr)
     # another tenant sees no such workspace
     r = mtc(wnode, bob, "show", "web1")
     assert r.returncode != 0 and "no workspace 'web1' of yours" in r.stderr

@@ -165,6 +165,9 @@ class ContainerRunner(NativeRunner):
                     "--user", f"{uid}:{gid}", "--name", name,
                     "--label", f"{WS_LABEL}={launch.job_id}", "--label", f"{GPUS_LABEL}={gpus_label(launch.gpu_indices)}",
                     *[a for k, v in ws.labels for a in ("--label", f"{k}={v}")], *publish_args(ports)]
+            if not any(k == "devcontainer.metadata" for k, _ in ws.labels):  # what VS Code reads when it attaches
+                folder = ws.container_workdir or launch.workdir
+                argv += ["--label", "devcontainer.metadata=" + json.dumps([{"workspaceFolder": folder}])]
             state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
         else:
             name = container_name(launch.job_id, token)
