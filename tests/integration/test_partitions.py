@@ -1,11 +1,19 @@
-"""A member cut off from the cluster (issue 12): it says that what it shows may be out of
-date instead of showing the last committed roles as current."""
+"""Members cut off from the cluster (issue 12): one left alone says that what it shows may
+be out of date instead of showing the last committed roles as current; in a partition
+made with network namespaces (3 and 5 members), the minority places nothing and says so,
+the majority elects a scheduler and goes on, and after healing no job is lost and none
+ran twice (the cut-off attempt was fenced before its copy started)."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
+
+import pytest
 
 from tests.support.cluster import member_name, running_cluster
+from tests.support.netlab import NetLab, netlab_missing
 from tests.support.node import wait_for
 
 
@@ -34,3 +42,76 @@ def test_a_member_left_alone_says_no_scheduler_is_reachable_instead_of_showing_t
         assert r.returncode == 0 and "warning: no scheduler reachable from" in r.stderr, r.stderr
         r = alone.mt_job(alice, "show", str(jid))
         assert r.returncode == 0 and "maybe out of date" in r.stderr, r.stderr
+
+
+# A job that leaves a heartbeat per attempt (one line every 0.1 s) until the flag exists,
+# then an end line: the attempts' heartbeats show whether two ever ran at once.
+BEAT = """#!/bin/bash
+#MTGPU gpus=1
+f={marks}/$MTGPU_JOB_ID.$MTGPU_RESTART_COUNT
+echo "start $MTGPU_NODE $(date +%s.%N)" >> $f
+while [ ! -e {flag} ]; do date +%s.%N >> $f; sleep 0.1; done
+echo end >> $f
+"""
+
+
+def attempts(marks: Path, jid: int) -> list[list[str]]:
+    return [p.read_text().split("\n") for p in sorted(marks.glob(f"{jid}.*"))]
+
+
+@pytest.mark.skipif(bool(netlab_missing()), reason=str(netlab_missing()))
+@pytest.mark.parametrize("members, minority", [(3, 1), (5, 2)])
+def test_a_partition_the_minority_places_nothing_the_majority_goes_on_and_after_healing_nothing_ran_twice(
+        alice, members, minority):
+    with NetLab(members) as lab, running_cluster(members, lab=lab) as cl:
+        marks, flag = Path(alice.home) / f"beats-{members}", Path(alice.home) / f"go-{members}"
+        marks.mkdir()
+        os.chown(marks, alice.uid, alice.gid)
+        sched = cl.scheduler()
+        idx = {member_name(m): i for i, m in enumerate(cl.members)}
+        small = [idx[member_name(sched)]] + [i for i in range(members) if cl.members[i] is not sched][:minority - 1]
+        big = [i for i in range(members) if i not in small]
+        script = BEAT.format(marks=marks, flag=flag)
+        on_small = sched.submit_json(alice, "--server", member_name(sched), script=script)["job_id"]
+        on_big = sched.submit_json(alice, "--server", member_name(cl.members[big[0]]), script=script)["job_id"]
+        for j in (on_small, on_big):
+            sched.wait_state(j, "running", timeout_s=60)
+
+        lab.cut(small, big)
+        majority = [cl.members[i] for i in big]
+        new = cl.scheduler(among=majority)
+        assert member_name(new) != member_name(sched)
+        done = new.submit_json(alice, "--wrap", "true")["job_id"]
+        assert new.wait_state(done, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+        # the minority places nothing, and says so
+        r = sched.mt_job(alice, "submit", "--wrap", "true")
+        assert r.returncode != 0, r.stdout
+        view = json.loads(sched.admin("nodes", "--json").stdout)
+        assert all(n["state"] == "unknown" for n in view if n["name"] != member_name(sched)), view
+        # the minority's job is fenced there and requeued by the majority (it may run only there)
+        wait_for("the cut-off job to be requeued", lambda: new.job(on_small)["attempt"] >= 1, timeout_s=60)
+        flag.touch()
+        assert new.wait_state(on_big, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+
+        lab.heal()
+        def agreed():  # after healing the members may elect again: any one scheduler, known to all
+            seen = []
+            for m in cl.members:
+                with m.client() as c:
+                    h = c.health()
+                seen.append((h["scheduler"], h["is_scheduler"], member_name(m)))
+            names = {sch for sch, _, _ in seen}
+            leaders = [me for _, is_s, me in seen if is_s]
+            return leaders[0] if len(names) == 1 and leaders == [names.pop()] else None
+        final = cl.members[idx[wait_for("every member to know one scheduler", agreed, timeout_s=90)]]
+        new = final
+        assert new.wait_state(on_small, {"completed", "failed"}, timeout_s=90)["state"] == "completed"
+        for j in (on_small, on_big, done):
+            assert new.job(j)["state"] == "completed"  # none lost
+        runs = attempts(marks, on_small)
+        ends = [run for run in runs if "end" in run]
+        assert len(ends) == 1, runs  # it ran to its end once
+        assert len(runs) >= 2 and "end" not in runs[0], runs  # the cut-off attempt was stopped, then it ran again
+        last_beat = max(float(x) for x in runs[0][1:] if x)
+        later_start = min(float(run[0].split()[2]) for run in runs[1:])
+        assert last_beat < later_start, "the cut-off attempt still ran when its copy started"

@@ -39,14 +39,15 @@ class Cluster:
         self.members: list[Node] = []
 
     def add_member(self, name: str, gpus: list[dict] | None = None, port: int | None = None, start: bool = True,
-                   secret_path: Path | None | str = "default", **settings) -> Node:
+                   secret_path: Path | None | str = "default", host: str = "127.0.0.1", prefix: list[str] | None = None,
+                   **settings) -> Node:
         port = port or free_port_pair()
         state_dir = self.base / name / "state"
         config = {
             "CLUSTER_MODE": "cluster",
             "CLUSTER_ID": "test-lab",
             "NODE_NAME": name,
-            "LISTEN": f"127.0.0.1:{port}",
+            "LISTEN": f"{host}:{port}",
             "PEERS": self.peers,
             "STATE_DIR": str(state_dir),
             "GPU_BACKEND": "simulated",
@@ -62,7 +63,7 @@ class Cluster:
         os.chmod(self.base / name, 0o755)
         config_path = self.base / name / "mtgpu.toml"
         write_config(config_path, config, GPUS_2 if gpus is None else gpus)
-        node = Node(self.base / name, config_path, state_dir, state_dir / "mtgpu.sock", port)
+        node = Node(self.base / name, config_path, state_dir, state_dir / "mtgpu.sock", port, prefix=list(prefix or []))
         self.members.append(node)
         if start:
             node.start()
@@ -94,19 +95,22 @@ def member_name(node: Node) -> str:
 
 @contextlib.contextmanager
 def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after_s: float = 8.0,
-                    settings: list[dict] | None = None) -> Iterator[Cluster]:
+                    settings: list[dict] | None = None, lab=None) -> Iterator[Cluster]:
+    """`lab`: a netlab.NetLab; each member then runs in its own network namespace at its
+    address there (the test reaches it through its Unix socket, as on loopback)."""
     base = Path(tempfile.mkdtemp(prefix="mtgpu-cl-"))
     os.chmod(base, 0o755)
     secret_path = base / "cluster.secret"
     secret_path.write_text(secrets.token_urlsafe(48) + "\n")
     os.chmod(secret_path, 0o600)
-    ports = [free_port_pair() for _ in range(n)]
-    peers = [f"127.0.0.1:{p}" for p in ports]
+    ports = [7070] * n if lab else [free_port_pair() for _ in range(n)]
+    hosts = lab.addresses[:n] if lab else ["127.0.0.1"] * n
+    peers = [f"{h}:{p}" for h, p in zip(hosts, ports)]
     cluster = Cluster(base, secret_path, peers, down_after_s)
     try:
         for i, port in enumerate(ports):
-            cluster.add_member(f"m{i}", gpus[i] if gpus else None, port=port, start=False,
-                               **(settings[i] if settings else {}))
+            cluster.add_member(f"m{i}", gpus[i] if gpus else None, port=port, start=False, host=hosts[i],
+                               prefix=lab.prefix(i) if lab else None, **(settings[i] if settings else {}))
         for m in cluster.members:
             m.start(wait=False)
         for m in cluster.members:

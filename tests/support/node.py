@@ -109,13 +109,14 @@ class Node:
     port: int
     proc: subprocess.Popen | None = None
     log_files: list[Path] = field(default_factory=list)
+    prefix: list[str] = field(default_factory=list)  # e.g. nsenter into a network namespace (netlab.py)
 
     # ------------------------------------------------------------ process
     def start(self, timeout_s: float = 30.0, wait: bool = True) -> None:
         log_path = self.base / f"server-{len(self.log_files)}.log"
         self.log_files.append(log_path)
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen([PYTHON, "-m", "mtgpu.cli.server", "--config", str(self.config_path)],
+            self.proc = subprocess.Popen([*self.prefix, PYTHON, "-m", "mtgpu.cli.server", "--config", str(self.config_path)],
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         if wait:
             self.wait_up(timeout_s)
