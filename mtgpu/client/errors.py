@@ -6,8 +6,7 @@ from typing import Any
 
 import httpx
 
-
-STALE_HEADER = "x-mtgpu-stale"  # set by a member that cannot reach the cluster: why its answer may be old
+from ..model.api import STALE_HEADER
 
 
 def stale_warning(r: httpx.Response) -> None:

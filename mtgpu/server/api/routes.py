@@ -21,7 +21,7 @@ from ...model import logstream
 from ...state.store import ReplicationError
 from ..cluster.errors import ClusterSetupError
 from ..cluster.link import IMAGE_PATH
-from ...client.errors import STALE_HEADER
+from ...model.api import STALE_HEADER
 from . import logs
 from .identity import Caller, caller_from_peer
 from .logs import LogResponse
