@@ -1,14 +1,8 @@
 """mt-container: workspaces, long-running containers you develop in (docs/WORKSPACES.md).
 
-    mt-container create --template jupyter --gpus 1      a workspace from a template of this node
-    mt-container create --image localhost/base:1 --port 8000
-    mt-container create --devcontainer ~/project         from the project's devcontainer.json
-    mt-container list | show WS | ports WS | logs WS [-f]
-    mt-container shell WS | exec WS -- CMD...            a terminal or a command inside
-    mt-container stop WS | start WS | rm WS              release the GPUs (keeping the container), ...
+Create one from a template of the node (--template), an image (--image) or a project's devcontainer.json (--devcontainer); its resources are reserved by the scheduler as a job's are: placed now, queued with the reason, or refused at once when no node could ever hold it.
 
-Its resources are reserved by the scheduler when it is created, as a job's are: it is
-placed now, queued with the reason, or refused at once when no node could ever hold it.
+Then: list, show, ports, logs; shell (a terminal inside) and exec WS -- CMD; stop (its GPUs released, its container kept), start, rm; save WS NAME[:TAG] (an image any member can run).
 """
 
 from __future__ import annotations
