@@ -63,7 +63,7 @@ def attempts(marks: Path, jid: int) -> list[list[str]]:
 @pytest.mark.parametrize("members, minority", [(3, 1), (5, 2)])
 def test_a_partition_the_minority_places_nothing_the_majority_goes_on_and_after_healing_nothing_ran_twice(
         alice, members, minority):
-    with NetLab(members) as lab, running_cluster(members, lab=lab) as cl:
+    with NetLab(members) as lab, running_cluster(members, lab=lab, down_after_s=6.0) as cl:
         marks, flag = Path(alice.home) / f"beats-{members}", Path(alice.home) / f"go-{members}"
         marks.mkdir()
         os.chown(marks, alice.uid, alice.gid)
