@@ -354,6 +354,7 @@ class MemberService:
             "scheduler": self.store.machine.scheduler,
             "is_scheduler": self.member.is_scheduler(),
             "placements": self.member.scheduler.placements,
+            "next_job_id": self.store.machine.next_job_id,  # moves only when a submission is recorded
             "last_placement_at": self.member.scheduler.last_placement_at,
             "raft": self.member.link.raft_info(),
         }

@@ -1,0 +1,90 @@
+"""Bad input against a real node (issue 12's benchmark): job files, config files and every
+API route, with hypothesis-style random cases (tests/support/fuzzing.py says what is made
+and what counts as a failure).
+
+Starts a real standalone node (two simulated GPUs) and one temporary tenant; a fifth of the
+cases are configs parsed in this process, a fifth requests on the node's socket as root,
+three tenths on the socket as the tenant (a process of its own), the rest on the signed
+network API as a tenant that joined with a key. Prints crashes, 5xx answers and state
+changes after a refusal. Target: 0, 0, 0. Everything is removed at the end.
+
+    python bench/fuzz.py [--cases 100000] [--seed 1] [--json]     (as root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import unwind_on_signals  # noqa: E402 (after the path is set)
+
+UID_RANGE = (350000, 359999)
+
+
+def run(cases: int, seed: int) -> dict:
+    from mtgpu.accounts.apply import remove_account
+    from mtgpu.server.member.accounts_agent import kill_processes_of
+    from tests.support.fuzzing import fuzz_node
+    from tests.support.node import PYTHON, running_node
+    from tests.support.users import temp_user
+
+    gpus = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
+    t0 = time.time()
+    joined = None
+    with tempfile.TemporaryDirectory(prefix="mtgpu-fuzz-") as tmp, temp_user("mtfz") as user, \
+            running_node(gpus, CLUSTER_ID="fuzz-lab", TENANT_UID_RANGE=list(UID_RANGE)) as node:
+        try:
+            report = fuzz_node(node, user, cases, seed, tmp, PYTHON, str(ROOT))
+            joined = getattr(report, "joined_tenant", None)
+        finally:
+            node.cancel_everything()
+            node.terminate()
+            for name in [joined] if joined else []:
+                try:
+                    pw = pwd.getpwnam(name)
+                except KeyError:
+                    continue
+                kill_processes_of(pw.pw_uid)
+                remove_account(name, uid_range=UID_RANGE, home=pw.pw_dir)
+    out = {k: v for k, v in report.__dict__.items() if k != "joined_tenant"}
+    out["seconds"] = round(time.time() - t0, 1)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=100000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/fuzz.py runs a real node and a real tenant: run it as root", file=sys.stderr)
+        return 2
+    unwind_on_signals()
+    try:
+        r = run(args.cases, args.seed)
+    except KeyboardInterrupt:
+        print("interrupted: everything the bench made was removed", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"{r['cases']} cases in {r['seconds']} s: {r['refused']} refused, {r['accepted']} accepted")
+    print(f"crashes {r['crashes']}, 5xx answers {r['server_errors']}, state changed after a refusal "
+          f"{r['changed_after_refusal']}  [target 0, 0, 0]")
+    for e in r["examples"]:
+        print(f"  {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
