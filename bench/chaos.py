@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import unwind_on_signals  # noqa: E402 (after the path is set)
+from bench.common import run_as_root  # noqa: E402 (after the path is set)
 
 STUCK_S = 30.0
 SCRIPT = ("#!/bin/bash\n#MTGPU gpus=1\necho start $MTGPU_NODE >> {marks}/$MTGPU_JOB_ID\nsleep 0.2\n"
@@ -201,15 +201,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("bench/chaos.py runs real servers and a real tenant: run it as root", file=sys.stderr)
-        return 2
-    unwind_on_signals()
-    try:
-        r = run(args.minutes, args.jobs, args.every, args.seed)
-    except KeyboardInterrupt:
-        print("interrupted: everything the bench made was removed", file=sys.stderr)
-        return 130
+    r = run_as_root("chaos.py", "real servers and a real tenant", run, args.minutes, args.jobs, args.every, args.seed)
+    if isinstance(r, int):
+        return r
     if args.json:
         print(json.dumps(r))
         return 0

@@ -25,3 +25,20 @@ def unwind_on_signals() -> None:
     """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt once, so `with` blocks clean up."""
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _interrupt)
+
+
+def run_as_root(name: str, what: str, run, *args) -> dict | int:
+    """The part every benchmark's main shares: refuse to run but as root, unwind cleanly
+    on a signal; the result of run(*args), or the exit status to return."""
+    import os
+    import sys
+
+    if os.geteuid() != 0:
+        print(f"bench/{name} runs {what}: run it as root", file=sys.stderr)
+        return 2
+    unwind_on_signals()
+    try:
+        return run(*args)
+    except KeyboardInterrupt:
+        print("interrupted: everything the bench made was removed", file=sys.stderr)
+        return 130

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pwd
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import unwind_on_signals  # noqa: E402 (after the path is set)
+from bench.common import run_as_root  # noqa: E402 (after the path is set)
 
 UID_RANGE = (350000, 359999)
 
@@ -66,15 +65,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("bench/fuzz.py runs a real node and a real tenant: run it as root", file=sys.stderr)
-        return 2
-    unwind_on_signals()
-    try:
-        r = run(args.cases, args.seed)
-    except KeyboardInterrupt:
-        print("interrupted: everything the bench made was removed", file=sys.stderr)
-        return 130
+    r = run_as_root("fuzz.py", "a real node and a real tenant", run, args.cases, args.seed)
+    if isinstance(r, int):
+        return r
     if args.json:
         print(json.dumps(r))
         return 0

@@ -26,23 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     from ..server.ports import PortTaken
     from ..state.journal import JournalCorrupt
 
+    # Order matters: PortTaken is a ClusterSetupError, and says more.
+    refusals = ((JournalCorrupt, "cannot start"), (PortTaken, "cannot start"),
+                (ClusterSetupError, "this member cannot take part in the cluster"),
+                (PodmanSetupError, "containers cannot run on this node"))
     try:
         return run_node(config)
-    except JournalCorrupt as e:
+    except tuple(kind for kind, _ in refusals) as e:
+        what = next(words for kind, words in refusals if isinstance(e, kind))
         logging.getLogger("mtgpu-server").error("%s", e)
-        print(f"mtgpu-server: cannot start: {e}", file=sys.stderr)
-        return 2
-    except PortTaken as e:
-        logging.getLogger("mtgpu-server").error("%s", e)
-        print(f"mtgpu-server: cannot start: {e}", file=sys.stderr)
-        return 2
-    except ClusterSetupError as e:
-        logging.getLogger("mtgpu-server").error("%s", e)
-        print(f"mtgpu-server: this member cannot take part in the cluster: {e}", file=sys.stderr)
-        return 2
-    except PodmanSetupError as e:
-        logging.getLogger("mtgpu-server").error("%s", e)
-        print(f"mtgpu-server: containers cannot run on this node: {e}", file=sys.stderr)
+        print(f"mtgpu-server: {what}: {e}", file=sys.stderr)
         return 2
 
 
