@@ -182,6 +182,9 @@ def save(name: str, image: str = typer.Argument(..., metavar="NAME[:TAG]"),
         print_json(r)
     else:
         out.print(f"saved workspace {name} as {r['image']} ({r['digest'][:19]})", markup=False)
+        if not r.get("offered", True):
+            out.print("the cluster could not record it yet: members can use it once this member's next "
+                      "registration is committed (within seconds once a scheduler is reachable)", markup=False)
 
 
 @app.command(help="Print the workspace's output (its command's, and its lifecycle commands').")

@@ -40,11 +40,18 @@ def wnode(image, alice, bob):
         yield node
 
 
-def _staged(node) -> dict:
+def _containers(node, of: str | None = None) -> dict:
+    """The [CONTAINERS] record of member `of` (default: `node` itself) in node's view."""
     with node.client() as c:
-        for n in c.nodes():
-            return (n.get("containers") or {}).get("staged") or {}
+        nodes = c.nodes()
+    for n in nodes:
+        if n["name"] == (of or member_name(node)) or (of is None and len(nodes) == 1):
+            return n.get("containers") or {}
     return {}
+
+
+def _staged(node) -> dict:
+    return _containers(node).get("staged") or {}
 
 
 def mtc(node, user, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
@@ -259,6 +266,10 @@ def test_save_then_create_on_another_member_and_a_failover_keeps_both(image, ali
         assert mtc(a, alice, "exec", "orig", "--", "sh", "-c", "echo layer > /tmp/saved-file").returncode == 0
         saved = mtc_json(a, alice, "save", "orig", "mine:v1")
         assert saved["image"] == f"localhost/mtgpu-saved/{alice.name}/mine:v1" and saved["node"] == member_name(a)
+        assert saved["offered"] is True
+        # committed before the answer; b's replica learns of it at its next append (ms, or more under load)
+        wait_for("b's view to list the saved image as a's", lambda: saved["image"] in
+                 (_containers(b, member_name(a)).get("images") or []), timeout_s=30)
         r = mtc(b, bob, "create", "--image", saved["image"])
         assert r.returncode == 2 and "another tenant's saved workspace" in r.stderr, r.stderr
         mtc_json(b, alice, "create", "--image", saved["image"], "--name", "copy", "--server", member_name(b))

@@ -258,8 +258,11 @@ class WorkspaceService:
             digest = setup.runner.save_workspace(job.id, job.uid, job.gid, home, full)
         except (RunnerError, PodmanSetupError, OSError) as e:
             raise ServiceError(500, f"workspace {name!r} could not be saved: {e}") from None
-        self.service.wake()  # the next registration offers it to the cluster
-        return {"image": full, "digest": digest, "node": node}
+        # Offered to the cluster before the answer, so that a create from it anywhere right
+        # after finds it; if the cluster cannot record that now, the next pass does.
+        offered = self.service.member.register_now()
+        self.service.wake()
+        return {"image": full, "digest": digest, "node": node, "offered": offered}
 
     def _commit(self, cmd: str, **args) -> None:
         r = self.service.apply(cmd, **args)

@@ -147,8 +147,14 @@ class Member:
         self._last_telemetry = now
         self._register()
 
-    def _register(self) -> None:
-        """Record (or update) this member's inventory in the durable state."""
+    def register_now(self) -> bool:
+        """Record this member's inventory at once (e.g. an image `mt-container save` just
+        staged), not at the next telemetry pass: True once committed here."""
+        return self._register() is not False
+
+    def _register(self) -> bool | None:
+        """Record (or update) this member's inventory in the durable state: False when the
+        change could not be committed now (the next pass tries again)."""
         tel = self.local_telemetry
         gpus = [{"index": g.index, "vendor": g.vendor, "model": g.model, "vram_total_bytes": g.vram_total_bytes}
                 for g in tel.gpus]
@@ -157,5 +163,6 @@ class Member:
                   "containers": self.agent.containers.capabilities() if self.agent.containers else None}
         rec = self.store.machine.nodes.get(self.node_name)
         if rec is not None and all(rec.to_dict()[k] == v for k, v in wanted.items()):
-            return
-        try_commit(self.store, C.NODE_REGISTER, name=self.node_name, at=self.clock(), **wanted)  # else next second
+            return True
+        # else the next second tries again
+        return try_commit(self.store, C.NODE_REGISTER, name=self.node_name, at=self.clock(), **wanted) is not None
