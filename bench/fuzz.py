@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pwd
 import sys
 import tempfile
 import time
@@ -30,11 +29,9 @@ UID_RANGE = (350000, 359999)
 
 
 def run(cases: int, seed: int) -> dict:
-    from mtgpu.accounts.apply import remove_account
-    from mtgpu.server.member.accounts_agent import kill_processes_of
     from tests.support.fuzzing import fuzz_node
     from tests.support.node import PYTHON, running_node
-    from tests.support.users import temp_user
+    from tests.support.users import remove_tenant_accounts, temp_user
 
     gpus = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
     t0 = time.time()
@@ -47,13 +44,7 @@ def run(cases: int, seed: int) -> dict:
         finally:
             node.cancel_everything()
             node.terminate()
-            for name in [joined] if joined else []:
-                try:
-                    pw = pwd.getpwnam(name)
-                except KeyError:
-                    continue
-                kill_processes_of(pw.pw_uid)
-                remove_account(name, uid_range=UID_RANGE, home=pw.pw_dir)
+            remove_tenant_accounts([joined], UID_RANGE)
     out = {k: v for k, v in report.__dict__.items() if k != "joined_tenant"}
     out["seconds"] = round(time.time() - t0, 1)
     return out

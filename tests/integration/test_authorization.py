@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -28,7 +27,7 @@ from mtgpu.model import logstream
 from mtgpu.server.api.routes import add_cluster_routes, local_app, public_app
 from tests.support.images import busybox_image, podman_missing
 from tests.support.node import running_node, wait_for
-from tests.support.users import can_create_users
+from tests.support.users import can_create_users, remove_tenant_accounts
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
@@ -127,20 +126,7 @@ def anode(alice, bob):
         finally:
             node.cancel_everything()
             node.terminate()
-            _remove_accounts(node.tenant_names)
-
-
-def _remove_accounts(names: list[str]) -> None:
-    from mtgpu.accounts.apply import remove_account
-    from mtgpu.server.member.accounts_agent import kill_processes_of
-
-    for n in names:
-        try:
-            pw = pwd.getpwnam(n)
-        except KeyError:
-            continue
-        kill_processes_of(pw.pw_uid)
-        remove_account(n, uid_range=UID_RANGE, home=pw.pw_dir)
+            remove_tenant_accounts(node.tenant_names, UID_RANGE)
 
 
 def test_on_the_socket_another_tenant_and_a_non_admin_are_refused(anode, alice, bob):

@@ -4,21 +4,18 @@ every API route, on the socket as root and as a tenant, and signed on the networ
 
 from __future__ import annotations
 
-import pwd
 import sys
 from pathlib import Path
 
 from tests.support.fuzzing import fuzz_node
 from tests.support.node import running_node
+from tests.support.users import remove_tenant_accounts
 
 UID_RANGE = (350000, 359999)
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_deterministic_set_of_bad_inputs_gets_refusals_never_a_crash_a_5xx_or_a_change(alice, tmp_path):
-    from mtgpu.accounts.apply import remove_account
-    from mtgpu.server.member.accounts_agent import kill_processes_of
-
     gpus = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
     with running_node(gpus, CLUSTER_ID="fuzz-lab", TENANT_UID_RANGE=list(UID_RANGE)) as node:
         report = None
@@ -27,13 +24,6 @@ def test_a_deterministic_set_of_bad_inputs_gets_refusals_never_a_crash_a_5xx_or_
         finally:
             node.cancel_everything()
             node.terminate()
-            name = getattr(report, "joined_tenant", None)
-            if name:
-                try:
-                    pw = pwd.getpwnam(name)
-                    kill_processes_of(pw.pw_uid)
-                    remove_account(name, uid_range=UID_RANGE, home=pw.pw_dir)
-                except KeyError:
-                    pass
+            remove_tenant_accounts([getattr(report, "joined_tenant", None)], UID_RANGE)
     assert report.cases >= 600 and report.refused > 0
     assert (report.crashes, report.server_errors, report.changed_after_refusal) == (0, 0, 0), report.examples

@@ -19,7 +19,7 @@ from mtgpu.client.local import ClientError
 from mtgpu.client.remote import RemoteClient
 from mtgpu.client.signing import generate_key_pair
 from tests.support.node import free_port, running_node, wait_for
-from tests.support.users import can_create_users
+from tests.support.users import can_create_users, remove_tenant_accounts
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
@@ -40,20 +40,6 @@ def invite(node, name: str, *extra: str) -> str:
     return json.loads(r.stdout)["code"]
 
 
-def remove_tenant_accounts(*names: str) -> None:
-    from mtgpu.accounts.apply import remove_account
-    from mtgpu.server.member.accounts_agent import kill_processes_of
-
-    for n in names:
-        try:
-            pw = pwd.getpwnam(n)
-        except KeyError:
-            continue
-        kill_processes_of(pw.pw_uid)  # e.g. the tmux server an SSH login left running, by PID
-        report = remove_account(n, uid_range=UID_RANGE, home=pw.pw_dir)
-        assert not report.problems, report.problems
-
-
 @pytest.fixture()
 def node():
     ssh_port = free_port()
@@ -67,7 +53,8 @@ def node():
             yield n
         finally:
             n.terminate()
-            remove_tenant_accounts(*names)
+            problems = remove_tenant_accounts(names, UID_RANGE)
+            assert not problems, problems
 
 
 def sshd_up(node) -> None:

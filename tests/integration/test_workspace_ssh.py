@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.images import busybox_image, podman_missing
 from tests.support.node import free_port, running_node, wait_for
-from tests.support.users import can_create_users
+from tests.support.users import can_create_users, remove_tenant_accounts
 
 asyncssh = pytest.importorskip("asyncssh")
 _why_not = can_create_users() or podman_missing() or (
@@ -47,19 +47,7 @@ def snode():
             finally:
                 n.cancel_everything()
                 n.terminate()
-                _remove_account(n.name)
-
-
-def _remove_account(name: str) -> None:
-    from mtgpu.accounts.apply import remove_account
-    from mtgpu.server.member.accounts_agent import kill_processes_of
-
-    try:
-        pw = pwd.getpwnam(name)
-    except KeyError:
-        return
-    kill_processes_of(pw.pw_uid)
-    remove_account(name, uid_range=UID_RANGE, home=pw.pw_dir)
+                remove_tenant_accounts([n.name], UID_RANGE)
 
 
 def remotegpu(home: Path, *args: str, **kw):

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from mtgpu.accounts.plan import subordinate_range
 
@@ -148,3 +148,27 @@ def sweep_leftover_accounts(passwd: str = "/etc/passwd") -> list[str]:
         if r.returncode == 0:
             removed.append(name)
     return removed
+
+
+def remove_tenant_accounts(names: Iterable[str | None], uid_range: tuple[int, int]) -> list[str]:
+    """Remove the tenant accounts a test's node made (user, group, subordinate ids, home),
+    after killing their processes by PID (e.g. the tmux server an SSH login left running,
+    or userdel refuses). Names that are None or have no account are skipped; uids outside
+    uid_range are left alone (remove_account refuses them). Returns the problems
+    remove_account reported, for a caller that wants none."""
+    import pwd
+
+    from mtgpu.accounts.apply import remove_account
+    from mtgpu.server.member.accounts_agent import kill_processes_of
+
+    problems: list[str] = []
+    for name in names:
+        if not name:
+            continue
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        kill_processes_of(pw.pw_uid)
+        problems += remove_account(name, uid_range=uid_range, home=pw.pw_dir).problems
+    return problems
