@@ -87,13 +87,53 @@ def sign_headers(key: Ed25519PrivateKey, tenant: str, method: str, path: str, bo
     return {HEADER_TENANT: tenant, HEADER_TIME: ts, HEADER_SIGNATURE: base64.b64encode(sig).decode()}
 
 
+class FreshOnce:
+    """The freshness and single use of signed requests, on this machine's wall clock: a
+    request's time may be at most `max_age_s` away from now, and each signature is taken
+    once. A signature is remembered until its own time is too old to be accepted again
+    (so a clock set back keeps what it saw, and forgets nothing it could still accept)."""
+
+    def __init__(self, max_age_s: float, limit: int = 10000, clock=time.time) -> None:
+        self.max_age_s = max_age_s
+        self._limit = limit
+        self.clock = clock
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def skew(self, ts: str) -> float:
+        """How far the request's time is from this machine's clock (seconds, + ahead);
+        raises ValueError when it is not a number."""
+        value = float(ts)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(ts)
+        return value - self.clock()
+
+    def stale(self, skew: float, whose: str) -> str | None:
+        """Why a request `skew` seconds away from this clock is refused, or None."""
+        if abs(skew) <= self.max_age_s:
+            return None
+        return (f"the request's time is {abs(skew):.0f}s {'ahead of' if skew > 0 else 'behind'} this "
+                f"server's clock (at most {self.max_age_s:.0f}s allowed): {whose}")
+
+    def first_use(self, sig: str, ts: str) -> str | None:
+        """None the first time `sig` is seen, else why it is refused."""
+        now = self.clock()
+        with self._lock:
+            if sig in self._seen:
+                return "this signed request was already used (replay)"
+            self._seen[sig] = float(ts)
+            if len(self._seen) > self._limit:
+                horizon = now - self.max_age_s
+                self._seen = {k: v for k, v in self._seen.items() if v >= horizon}
+        return None
+
+
 class SignatureVerifier:
     """Checks tenant signatures; remembers recent signatures to refuse replays."""
 
     def __init__(self, max_age_s: float = MAX_AGE_S) -> None:
         self.max_age_s = max_age_s
-        self._seen: dict[str, float] = {}
-        self._lock = threading.Lock()
+        self._once = FreshOnce(max_age_s)
 
     def verify(self, method: str, path: str, body: bytes, headers, public_keys: list[str]) -> str | None:
         """None when the request is signed by one of `public_keys`, fresh and new; else why not."""
@@ -101,28 +141,18 @@ class SignatureVerifier:
         if not ts or not sig:
             return "the request is not signed; use remotegpu-cli (it signs with your key)"
         try:
-            age = abs(time.time() - float(ts))
+            skew = self._once.skew(ts)
             raw = base64.b64decode(sig, validate=True)
         except (ValueError, TypeError):
             return "the request's signature headers cannot be read"
-        if age > self.max_age_s:
-            return f"the request is {age:.0f}s old (is this computer's clock right?)"
+        stale = self._once.stale(skew, "set the clocks of this computer and the server right (NTP)")
+        if stale:
+            return stale
         msg = _message(method, path, ts, body)
         for line in public_keys:
             try:
                 parse_public_key(line).verify(raw, msg)
             except (BadKey, InvalidSignature):
                 continue
-            return self._first_use(sig)
+            return self._once.first_use(sig, ts)
         return "wrong signature: the request was not signed with a key registered for this tenant"
-
-    def _first_use(self, sig: str) -> str | None:
-        now = time.monotonic()
-        with self._lock:
-            if sig in self._seen:
-                return "this signed request was already used (replay)"
-            self._seen[sig] = now
-            if len(self._seen) > 10000:
-                horizon = now - 2 * self.max_age_s
-                self._seen = {k: v for k, v in self._seen.items() if v > horizon}
-        return None

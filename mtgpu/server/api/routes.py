@@ -256,6 +256,15 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
     app.add_exception_handler(ClusterSetupError, lambda _r, e: JSONResponse(status_code=409,
                                                                             content={"error": str(e)}))
 
+    @app.middleware("http")
+    async def member_clock(request: Request, call_next):
+        """Every answer to a member carries this member's time, signed for its request, so
+        that a member whose clock is elsewhere signs in ours (cluster/signer.py)."""
+        response = await call_next(request)
+        if request.url.path.startswith("/cluster/"):
+            response.headers.update(link.signer.clock_headers(request.headers))
+        return response
+
     async def verified(request: Request) -> bytes:
         body = await request.body()
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")

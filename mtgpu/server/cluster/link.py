@@ -21,8 +21,6 @@ body; a request more than 30 s old or wrongly signed is refused).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -43,6 +41,7 @@ from ...state import commands as C
 from ...state.raft import RaftState
 from ...state.store import ReplicationError, commit
 from .addresses import advertised, api_address, raft_address
+from .signer import Signer
 from .errors import ClusterSetupError, LogUnavailable
 from ..member.runtime import Member
 from ..member.view import NodeTelemetry
@@ -51,7 +50,6 @@ from .voter_policy import voter_count
 
 log = logging.getLogger(__name__)
 
-SIGNATURE_MAX_AGE_S = 30.0
 REPORT_EVERY_S = 1.0
 MAJORITY_STALE_S = 1.5  # a scheduler that has not heard a majority for this long takes no report
 JOIN_LOG_EVERY_S = 5.0
@@ -91,47 +89,6 @@ def load_or_create_secret(config: Config, founding_alone: bool) -> str:
     return secret
 
 
-class Signer:
-    """Member-to-member requests, signed with a key derived from the cluster secret; a
-    signature is accepted once (a replayed request is refused) and while fresh."""
-
-    def __init__(self, secret: str) -> None:
-        self._key = hashlib.sha256(b"mtgpu-api-v1\0" + secret.encode()).digest()
-        self._seen: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def headers(self, method: str, path: str, body: bytes, node: str) -> dict[str, str]:
-        ts = f"{time.time():.3f}"
-        return {"x-mtgpu-node": node, "x-mtgpu-time": ts, "x-mtgpu-signature": self._sign(method, path, ts, body)}
-
-    def verify(self, method: str, path: str, body: bytes, headers) -> str | None:
-        """None when the request is signed with the cluster key and fresh, else why not."""
-        ts, sig = headers.get("x-mtgpu-time"), headers.get("x-mtgpu-signature")
-        if not ts or not sig:
-            return "the request is not signed with the cluster secret"
-        try:
-            age = abs(time.time() - float(ts))
-        except ValueError:
-            return "the request's time is not a number"
-        if age > SIGNATURE_MAX_AGE_S:
-            return f"the request is {age:.0f}s old (clocks apart?)"
-        if not hmac.compare_digest(sig, self._sign(method, path, ts, body)):
-            return "wrong signature: this machine does not hold the cluster secret"
-        now = time.monotonic()
-        with self._lock:
-            if sig in self._seen:
-                return "this signed request was already used (replay)"
-            self._seen[sig] = now
-            if len(self._seen) > 20000:
-                horizon = now - 2 * SIGNATURE_MAX_AGE_S
-                self._seen = {k: v for k, v in self._seen.items() if v > horizon}
-        return None
-
-    def _sign(self, method: str, path: str, ts: str, body: bytes) -> str:
-        msg = b"\n".join([method.upper().encode(), path.encode(), ts.encode(), hashlib.sha256(body).hexdigest().encode()])
-        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
-
-
 # ---------------------------------------------------------------- the link
 class ClusterLink:
     """A member's link to the other members of its cluster (see the module's docstring)."""
@@ -165,16 +122,23 @@ class ClusterLink:
     # ------------------------------------------------------------ requests between members
     def call(self, address: str, method: str, path: str, payload: dict | None = None, timeout_s: float = 3.0):
         body = json.dumps(payload).encode() if payload is not None else b""
-        headers = self.signer.headers(method, path, body, self.node_name)
-        headers["content-type"] = "application/json"
-        r = self._http.request(method, f"http://{address}{path}", content=body, headers=headers, timeout=timeout_s)
-        if r.status_code >= 400:
+        for again in (False, True):
+            headers = self.signer.headers(method, path, body, self.node_name, peer=address)
+            sent_at = self.signer.clock()
+            r = self._http.request(method, f"http://{address}{path}", content=body,
+                                   headers={**headers, "content-type": "application/json"}, timeout=timeout_s)
+            before = self.signer.offset(address)
+            after = self.signer.learn(address, headers, r.headers, sent_at, self.signer.clock())
+            if r.status_code < 400:
+                return r.json()
             try:
                 message = str(r.json().get("error") or r.text)
             except ValueError:
                 message = r.text
-            raise PeerRefused(address, path, r.status_code, message[:500])
-        return r.json()
+            if again or after is None or not self.signer.refused_as_stale(r.status_code, message):
+                raise PeerRefused(address, path, r.status_code, message[:500])
+            log.warning("%s's clock is %+.1fs from this member's (it was %+.1fs): signing in its time from now on",
+                        address, after, before)
 
     def leader_api(self) -> str | None:
         leader = self.store.leader_address() if self.store else None
@@ -569,15 +533,24 @@ class ClusterLink:
             raise OSError(f"{node_name} is not a member with a known address")
         path = IMAGE_PATH.format(digest=digest)
         address = advertised(rec.address)
-        headers = self.signer.headers("GET", path, b"", self.node_name)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            with os.fdopen(fd, "wb") as f, httpx.stream("GET", f"http://{address}{path}", headers=headers,
-                                                         timeout=httpx.Timeout(IMAGE_READ_TIMEOUT_S, connect=3.0)) as r:
-                if r.status_code >= 400:
-                    raise OSError(f"{address} answered {r.status_code} {r.read()[:300].decode('utf-8', 'replace')}")
-                for chunk in r.iter_raw(1 << 20):
-                    f.write(chunk)
+            with os.fdopen(fd, "wb") as f:
+                for again in (False, True):
+                    sent_at = self.signer.clock()
+                    headers = self.signer.headers("GET", path, b"", self.node_name, peer=address)
+                    with httpx.stream("GET", f"http://{address}{path}", headers=headers,
+                                      timeout=httpx.Timeout(IMAGE_READ_TIMEOUT_S, connect=3.0)) as r:
+                        learned = self.signer.learn(address, headers, r.headers, sent_at, self.signer.clock())
+                        if r.status_code >= 400:
+                            message = r.read()[:300].decode("utf-8", "replace")
+                            if not again and learned is not None and self.signer.refused_as_stale(r.status_code,
+                                                                                                  message):
+                                continue  # its clock is elsewhere: signed again in its time
+                            raise OSError(f"{address} answered {r.status_code} {message}")
+                        for chunk in r.iter_raw(1 << 20):
+                            f.write(chunk)
+                        return
         except httpx.HTTPError as e:
             raise OSError(f"{address}: {type(e).__name__}: {e}") from None
 
@@ -593,12 +566,18 @@ class ClusterLink:
         address = advertised(rec.address)
         client = httpx.AsyncClient(timeout=httpx.Timeout(LOG_READ_TIMEOUT_S, connect=2.0))
         try:
-            request = client.build_request("GET", f"http://{address}{path}",
-                                           headers=self.signer.headers("GET", path, b"", self.node_name))
-            response = await client.send(request, stream=True)
-            if response.status_code >= 400:
+            for again in (False, True):
+                sent_at = self.signer.clock()
+                headers = self.signer.headers("GET", path, b"", self.node_name, peer=address)
+                response = await client.send(client.build_request("GET", f"http://{address}{path}", headers=headers),
+                                             stream=True)
+                learned = self.signer.learn(address, headers, response.headers, sent_at, self.signer.clock())
+                if response.status_code < 400:
+                    break
                 body = (await response.aread())[:300].decode("utf-8", "replace")
-                raise LogUnavailable(f"{address} answered {response.status_code} {body}")
+                await response.aclose()
+                if again or learned is None or not self.signer.refused_as_stale(response.status_code, body):
+                    raise LogUnavailable(f"{address} answered {response.status_code} {body}")
             start, end = int(response.headers[logstream.START]), int(response.headers[logstream.END])
         except (httpx.HTTPError, KeyError, ValueError) as e:
             await client.aclose()
