@@ -83,13 +83,13 @@ class VoterKeeper:
     def member_states(self) -> list[MemberState]:
         link = self.link
         telemetry = link.member.scheduler.telemetry
-        now, mono = link.member.clock(), time.monotonic()
+        mono = time.monotonic()
         states = []
         for rec in list(link.store.machine.nodes.values()):
             if not rec.address:
                 continue
             tel = telemetry.get(rec.name)
-            fresh = tel is not None and now - tel.reported_at < REPORT_FRESH_S
+            fresh = tel is not None and mono - tel.heard_mono < REPORT_FRESH_S  # a clock jump changes nothing
             role, settled = None, False
             if rec.name == link.node_name:
                 role, settled = "voter", True

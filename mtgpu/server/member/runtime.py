@@ -138,13 +138,13 @@ class Member:
         self.accounts.run_once()
 
     def refresh_telemetry(self, force: bool = False) -> None:
-        now = self.clock()
-        if not force and now - self._last_telemetry < TELEMETRY_EVERY_S:
+        mono = time.monotonic()  # the interval on the monotonic clock: a wall-clock jump does not stall it
+        if not force and mono - self._last_telemetry < TELEMETRY_EVERY_S:
             return
         gpus, host = self.agent.sample()
-        self.local_telemetry = NodeTelemetry(gpus=gpus, host=host, reported_at=now, heard_mono=time.monotonic())
+        self.local_telemetry = NodeTelemetry(gpus=gpus, host=host, reported_at=self.clock(), heard_mono=mono)
         self.scheduler.report(self.node_name, self.local_telemetry)
-        self._last_telemetry = now
+        self._last_telemetry = mono
         self._register()
 
     def register_now(self) -> bool:

@@ -58,11 +58,11 @@ class SchedulerRole:
         if self.epoch != term:
             if not self._elect(term, now):
                 return
-            self._next_retention_at = now + 60.0  # settle first; then hourly
+            self._next_retention_at = self.monotonic() + 60.0  # settle first; then hourly
         self._check_members(now)
         self._place(now)
-        if now >= self._next_retention_at:
-            self._next_retention_at = now + RETENTION_EVERY_S
+        if self.monotonic() >= self._next_retention_at:  # a wall-clock jump neither stalls nor hurries it
+            self._next_retention_at = self.monotonic() + RETENTION_EVERY_S
             with self.store.lock:
                 report = retention_report(self.store.machine, now, self.job_retention_s, self.tenant_retention_s,
                                           dry_run=False)
@@ -129,8 +129,8 @@ class SchedulerRole:
                 self.pending_reasons = {}
                 return
             snapshot = build_snapshot(machine, self.telemetry)
-            if now - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
-                self._usage, self._usage_at = build_usage(machine, now), now
+            if self.monotonic() - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
+                self._usage, self._usage_at = build_usage(machine, now), self.monotonic()
             usage = self._usage
         plan = schedule(snapshot, queue, now, usage)
         reasons = dict(plan.pending)
