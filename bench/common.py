@@ -27,14 +27,27 @@ def unwind_on_signals() -> None:
         signal.signal(s, _interrupt)
 
 
-def run_as_root(name: str, what: str, run, *args) -> dict | int:
+def podman_or_users_missing() -> str | None:
+    """Why rootless podman as a temporary tenant cannot run here, or None (a why_not)."""
+    from tests.support.images import podman_missing
+    from tests.support.users import can_create_users
+
+    return podman_missing() or can_create_users()
+
+
+def run_as_root(name: str, what: str, run, *args, why_not=None) -> dict | int:
     """The part every benchmark's main shares: refuse to run but as root, unwind cleanly
-    on a signal; the result of run(*args), or the exit status to return."""
+    on a signal; the result of run(*args), or the exit status to return. `why_not`, when
+    given, is asked once root is known: None, or why this machine cannot run the bench."""
     import os
     import sys
 
     if os.geteuid() != 0:
         print(f"bench/{name} runs {what}: run it as root", file=sys.stderr)
+        return 2
+    why = why_not() if why_not is not None else None
+    if why:
+        print(f"bench/{name} cannot run here: {why}", file=sys.stderr)
         return 2
     unwind_on_signals()
     try:

@@ -54,7 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, unwind_on_signals  # noqa: E402 (after the path is set)
+from bench.common import percentile, podman_or_users_missing, run_as_root  # noqa: E402 (after the path is set)
 
 START_TARGET_MS = 150.0
 STAGE_TARGET = 0.8
@@ -301,6 +301,7 @@ def staging(node, user, mb: int, reps: int) -> dict:
 
 
 def run(jobs: int, big_mb: int, reps: int) -> dict:
+    os.chdir(ROOT)
     from tests.support.images import busybox_image
     from tests.support.node import PYTHON, running_node, wait_for
     from tests.support.users import temp_user
@@ -362,24 +363,10 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker[0], args.worker[1], args.jobs)))
         return 0
-    if os.geteuid() != 0:
-        print("bench/container_start.py runs a real node, a real tenant and root's podman: run it as root",
-              file=sys.stderr)
-        return 2
-    from tests.support.images import podman_missing
-    from tests.support.users import can_create_users
-
-    why = podman_missing() or can_create_users()
-    if why:
-        print(f"bench/container_start.py cannot run here: {why}", file=sys.stderr)
-        return 2
-    os.chdir(ROOT)
-    unwind_on_signals()
-    try:
-        r = run(args.jobs, args.big_mb, args.reps)
-    except KeyboardInterrupt:
-        print("interrupted: everything the bench made was removed", file=sys.stderr)
-        return 130
+    r = run_as_root("container_start.py", "a real node, a real tenant and root's podman", run, args.jobs, args.big_mb,
+                    args.reps, why_not=podman_or_users_missing)
+    if isinstance(r, int):
+        return r
     if args.json:
         print(json.dumps(r))
         return 0

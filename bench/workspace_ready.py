@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, unwind_on_signals  # noqa: E402 (after the path is set)
+from bench.common import percentile, podman_or_users_missing, run_as_root  # noqa: E402 (after the path is set)
 
 TARGET_MS = 300.0
 STEP_TIMEOUT_S = 120.0
@@ -123,6 +123,7 @@ def worker(socket_path: str, image: str, count: int) -> dict:
 
 # ------------------------------------------------------------------ root's side
 def run(count: int) -> dict:
+    os.chdir(ROOT)
     from tests.support.images import busybox_image
     from tests.support.node import PYTHON, running_node, wait_for
     from tests.support.users import temp_user
@@ -175,24 +176,10 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker[0], args.worker[1], args.workspaces)))
         return 0
-    if os.geteuid() != 0:
-        print("bench/workspace_ready.py runs a real node, a real tenant and root's podman: run it as root",
-              file=sys.stderr)
-        return 2
-    from tests.support.images import podman_missing
-    from tests.support.users import can_create_users
-
-    why = podman_missing() or can_create_users()
-    if why:
-        print(f"bench/workspace_ready.py cannot run here: {why}", file=sys.stderr)
-        return 2
-    os.chdir(ROOT)
-    unwind_on_signals()
-    try:
-        r = run(args.workspaces)
-    except KeyboardInterrupt:
-        print("interrupted: everything the bench made was removed", file=sys.stderr)
-        return 130
+    r = run_as_root("workspace_ready.py", "a real node, a real tenant and root's podman", run, args.workspaces,
+                    why_not=podman_or_users_missing)
+    if isinstance(r, int):
+        return r
     if args.json:
         print(json.dumps(r))
         return 0
