@@ -76,9 +76,13 @@ class LocalAgent:
 
     def _find_gpu_devices(self, node_name: str) -> None:
         """Each GPU's device nodes, which a job that was not given that GPU is denied
-        (docs/ISOLATION.md): NVIDIA's /dev/nvidiaN by NVML's minor number; simulated GPUs
-        get real device nodes of their own (numbers no real device has) so that fencing is
-        tested without hardware; AMD and Intel: none (not fenced yet)."""
+        (docs/ISOLATION.md), from the backend's `device_nodes()` (index -> one path or a
+        tuple of paths): NVIDIA's /dev/nvidiaN by NVML's minor number; AMD's and Intel's
+        /dev/dri/cardN and renderDN of the GPU's PCI device (telemetry/drm.py; AMD's shared
+        /dev/kfd stays open, the KFD driver checks the render node). Simulated GPUs get
+        real device nodes of their own (numbers no real device has) so that fencing is
+        tested without hardware. Paths that do not exist are left out, and so is a GPU
+        with none left."""
         try:
             gpus = self.backend.sample()
         except Exception as e:  # noqa: BLE001 - telemetry problems are reported by the telemetry path
@@ -94,7 +98,17 @@ class LocalAgent:
             self._sim_nodes = name
             self.gpu_devices = {g.index: (p,) for g, p in zip(gpus, paths)}
         elif hasattr(self.backend, "device_nodes"):
-            self.gpu_devices = {i: (p,) for i, p in self.backend.device_nodes().items() if os.path.exists(p)}
+            missing = []
+            for i, paths in sorted(self.backend.device_nodes().items()):
+                paths = (paths,) if isinstance(paths, str) else tuple(paths)
+                present = tuple(p for p in paths if os.path.exists(p))
+                if present:
+                    self.gpu_devices[i] = present
+                else:
+                    missing.append(f"GPU {i}: {', '.join(paths)}")
+            if missing:
+                log.warning("GPU device nodes missing from this machine's /dev (%s): those GPUs are not fenced off "
+                            "other jobs", "; ".join(missing))
         cgroups = getattr(self.runner, "cgroups", None)
         if self.gpu_devices and cgroups is not None and "devices" not in getattr(cgroups, "bases", {}):
             why = ("cgroup v2 has no devices controller (a device eBPF program would be needed, not available yet)"

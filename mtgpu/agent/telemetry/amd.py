@@ -1,8 +1,9 @@
 """AMD GPUs through AMD SMI (the `amdsmi` Python module shipped with ROCm).
 
 Per GPU, in `amdsmi_get_processor_handles` order (our index): the model from
-`amdsmi_get_gpu_asic_info()["market_name"]` and the uuid from
-`amdsmi_get_gpu_device_uuid`, read once; then per sample the VRAM from
+`amdsmi_get_gpu_asic_info()["market_name"]`, the uuid from `amdsmi_get_gpu_device_uuid`
+and the PCI address from `amdsmi_get_gpu_device_bdf` ("0000:c1:00.0": it finds the GPU's
+DRM nodes for fencing, drm.py), read once; then per sample the VRAM from
 `amdsmi_get_gpu_vram_usage` (reported in MiB), utilization from
 `amdsmi_get_gpu_activity()["gfx_activity"]` and processes from
 `amdsmi_get_gpu_process_list` (dicts since ROCm 6.1; older releases return handles
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
+from mtgpu.agent.telemetry import drm
 from mtgpu.agent.telemetry.base import TelemetryError
 from mtgpu.model.gpu import GpuInfo, GpuProcess
 
@@ -85,16 +88,26 @@ class AmdSmiBackend:
             raise TelemetryError(f"AMD SMI did not initialize ({e}): the amdgpu driver is not loaded") from e
         self._open = True
         self._warned: set[str] = set()
+        get_bdf = getattr(smi, "amdsmi_get_gpu_device_bdf", None)
         try:
             self._devices: list[tuple[int, Any, str, str]] = []
+            self._pci: dict[int, str | None] = {}  # GPU index -> its PCI address as AMD SMI prints it
             for index, handle in enumerate(smi.amdsmi_get_processor_handles()):
                 asic = self._field("asic_info", smi.amdsmi_get_gpu_asic_info, handle, default={})
                 model = str(asic.get("market_name") or "AMD GPU")
                 uuid = str(self._field("uuid", smi.amdsmi_get_gpu_device_uuid, handle, default=""))
                 self._devices.append((index, handle, model, uuid))
+                self._pci[index] = str(self._field("PCI address", get_bdf, handle, default="")) if get_bdf else None
         except self._error as e:
             self.close()
             raise TelemetryError(f"AMD SMI could not list the GPUs ({e})") from e
+
+    def device_nodes(self, sys_root: Path = drm.SYS_ROOT, dev_root: Path = drm.DEV_ROOT) -> dict[int, tuple[str, ...]]:
+        """Each GPU's DRM nodes by index (/dev/dri/cardN and /dev/dri/renderDN of its PCI
+        device): a job that was not given the GPU is denied them. /dev/kfd is not among them:
+        it serves every GPU, and the KFD driver itself refuses a GPU whose render node the
+        job's device cgroup denies. GPUs whose nodes cannot be found are left out (drm.py)."""
+        return drm.nodes_by_gpu(self._pci, "AMD SMI (amdsmi_get_gpu_device_bdf)", sys_root, dev_root)
 
     def _field(self, what: str, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
         try:

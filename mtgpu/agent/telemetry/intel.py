@@ -1,8 +1,8 @@
 """Intel discrete GPUs, through `xpu-smi` when it is installed, else the `xe` driver's sysfs.
 
 With xpu-smi: `xpu-smi discovery -j` once at open (device_id, device_name, uuid,
-memory_physical_size_byte; `discovery -d ID -j` when the list lacks the size), then
-`xpu-smi stats -d ID -j` for XPUM_STATS_MEMORY_USED (MiB) and
+pci_bdf_address, memory_physical_size_byte; `discovery -d ID -j` when the list lacks the
+size), then `xpu-smi stats -d ID -j` for XPUM_STATS_MEMORY_USED (MiB) and
 XPUM_STATS_GPU_UTILIZATION (%). xpu-smi is a process start per device, so stats are
 refreshed at most every `stats_interval_s` and reused in between.
 
@@ -10,6 +10,9 @@ Without it: every /sys/class/drm/cardN whose device/vendor is 0x8086 and that ha
 local memory (device/tileT[/memory]/physical_vram_size_bytes, summed over tiles;
 integrated GPUs have none and are skipped). sysfs gives only the inventory: used
 VRAM, utilization and processes read as zero/empty.
+
+Either way each GPU's PCI address is kept (xpu-smi's pci_bdf_address, or the card's
+device/uevent PCI_SLOT_NAME): `device_nodes` finds its DRM nodes from it (drm.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mtgpu.agent.telemetry import drm
 from mtgpu.agent.telemetry.base import TelemetryError
 from mtgpu.model.gpu import GpuInfo
 
@@ -101,28 +105,34 @@ class IntelBackend:
         self._clock = clock
         self._stats: dict[int, tuple[int, float]] = {}  # device id -> (used bytes, utilization %)
         self._stats_at: float | None = None
+        self._pci: dict[int, str | None] = {}  # GPU index -> its PCI address
         if self._run is not None:
             try:
-                self._devices = self._discover(self._run)
+                self._devices = self._discover(self._run, self._pci)
             except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as e:
                 raise TelemetryError(f"xpu-smi discovery could not be read: {e}") from e
         else:
-            self._devices = [
-                GpuInfo(index=i, vendor="intel", model=f"Intel GPU {dev_id}", vram_total_bytes=vram, uuid=f"{card}:{dev_id}")
-                for i, (card, dev_id, vram) in enumerate(sysfs_cards(drm_root))
-            ]
+            self._devices = []
+            for i, (card, dev_id, vram) in enumerate(sysfs_cards(drm_root)):
+                self._devices.append(GpuInfo(index=i, vendor="intel", model=f"Intel GPU {dev_id}",
+                                             vram_total_bytes=vram, uuid=f"{card}:{dev_id}"))
+                self._pci[i] = drm.pci_address_of(Path(drm_root) / card / "device")
         if not self._devices:
             raise TelemetryError("no Intel GPU found (xpu-smi lists none, sysfs shows no Intel GPU with local memory)")
 
     @staticmethod
-    def _discover(run: Runner) -> list[GpuInfo]:
+    def _discover(run: Runner, pci: dict[int, str | None]) -> list[GpuInfo]:
+        """The GPUs xpu-smi lists; fills `pci` (device id -> PCI address) as it goes."""
         listing = json.loads(run(["discovery", "-j"]))
         devices = []
         for d in listing.get("device_list", []):
             device_id = int(d["device_id"])
             size = d.get("memory_physical_size_byte")
+            pci[device_id] = d.get("pci_bdf_address")
             if size is None:
-                size = json.loads(run(["discovery", "-d", str(device_id), "-j"])).get("memory_physical_size_byte", 0)
+                detail = json.loads(run(["discovery", "-d", str(device_id), "-j"]))
+                size = detail.get("memory_physical_size_byte", 0)
+                pci[device_id] = pci[device_id] or detail.get("pci_bdf_address")
             devices.append(
                 GpuInfo(
                     index=device_id,
@@ -133,6 +143,13 @@ class IntelBackend:
                 )
             )
         return devices
+
+    def device_nodes(self, sys_root: Path = drm.SYS_ROOT, dev_root: Path = drm.DEV_ROOT) -> dict[int, tuple[str, ...]]:
+        """Each GPU's DRM nodes by index (/dev/dri/cardN and /dev/dri/renderDN of its PCI
+        device): a job that was not given the GPU is denied them. GPUs whose nodes cannot be
+        found are left out, with a warning (drm.py)."""
+        source = "xpu-smi discovery (pci_bdf_address)" if self._run is not None else "sysfs (device/uevent)"
+        return drm.nodes_by_gpu(self._pci, source, sys_root, dev_root)
 
     def _refresh_stats(self) -> None:
         now = self._clock()

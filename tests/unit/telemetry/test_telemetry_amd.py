@@ -17,9 +17,12 @@ class FakeAmdSmiException(Exception):
     pass
 
 
-def make_fake_amdsmi(handles=("h0", "h1"), *, unsupported=(), fail_init=False, legacy_process_handles=False):
+def make_fake_amdsmi(handles=("h0", "h1"), *, unsupported=(), fail_init=False, legacy_process_handles=False,
+                     bdfs=None):
     """A module with amdsmi's documented functions and dict shapes (ROCm 6.x); `unsupported`
-    names functions that raise as a GPU without that sensor does."""
+    names functions that raise as a GPU without that sensor does; `bdfs`: handle -> the PCI
+    address amdsmi_get_gpu_device_bdf prints (default 0000:c1:00.0, 0000:c2:00.0, ...)."""
+    bdfs = bdfs if bdfs is not None else {h: f"0000:{0xc1 + i:02x}:00.0" for i, h in enumerate(handles)}
     mod = types.ModuleType("amdsmi")
     mod.AmdSmiException = FakeAmdSmiException
     mod.calls = []
@@ -55,6 +58,10 @@ def make_fake_amdsmi(handles=("h0", "h1"), *, unsupported=(), fail_init=False, l
     @api
     def amdsmi_get_gpu_device_uuid(h):
         return f"uuid-{h}"
+
+    @api
+    def amdsmi_get_gpu_device_bdf(h):
+        return bdfs[h]
 
     @api
     def amdsmi_get_gpu_vram_usage(h):
@@ -107,6 +114,7 @@ def test_static_facts_are_read_once_not_per_sample(fake_amdsmi):
     backend.sample()
     assert "amdsmi_get_gpu_asic_info" not in fake_amdsmi.calls
     assert "amdsmi_get_gpu_device_uuid" not in fake_amdsmi.calls
+    assert "amdsmi_get_gpu_device_bdf" not in fake_amdsmi.calls
 
 
 def test_older_amdsmi_process_handles_are_resolved(monkeypatch):
