@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import grp
+import os
 import pwd
+from pathlib import Path
 
 
 def supplementary_groups(name: str, gid: int) -> tuple[int, ...]:
@@ -19,3 +21,8 @@ def home_of(uid: int, default: str) -> str:
         return pwd.getpwuid(uid).pw_dir
     except KeyError:
         return default
+
+
+def tenant_home_of(home_root: str | os.PathLike, tenant: str, uid: int) -> str:
+    """A tenant's home: the OS account's, else HOME_ROOT/TENANT (TENANT_HOME_ROOT's layout)."""
+    return home_of(uid, str(Path(home_root) / tenant))

@@ -22,7 +22,7 @@ from ...state.store import ReplicationError, commit
 from ..cluster.errors import ClusterSetupError
 from ...storage.quota import check_submission, detect_quota_backend, quota_warning
 from .batching import SubmitBatcher
-from ...accounts.lookup import home_of
+from ...accounts.lookup import tenant_home_of
 from .identity import Caller
 from ..member.retention import apply_retention, retention_report
 from ..member.runtime import Member
@@ -100,7 +100,7 @@ class MemberService:
             spec = replace(spec, workdir=workdir)
         elif spec.workdir and not spec.workdir.startswith("/"):
             # A relative workdir= is the submitter's: below where it submitted from, else its home.
-            base = workdir or home_of(caller.uid, str(Path(self.config.TENANT_HOME_ROOT) / caller.name))
+            base = workdir or tenant_home_of(self.config.TENANT_HOME_ROOT, caller.name, caller.uid)
             spec = replace(spec, workdir=os.path.normpath(os.path.join(base, spec.workdir)))
         return await self.submit_spec(caller, spec)
 
@@ -238,7 +238,7 @@ class MemberService:
                                     "sets [CONTAINERS] enabled = true")
         if caller.uid < 1000:
             raise ServiceError(403, f"{caller.name} is a system account: mt-podman is for tenants")
-        home = home_of(caller.uid, str(Path(self.config.TENANT_HOME_ROOT) / caller.name))
+        home = tenant_home_of(self.config.TENANT_HOME_ROOT, caller.name, caller.uid)
         try:
             t = setup.podman.ready(caller.uid, caller.gid, home)
         except (PodmanSetupError, OSError) as e:

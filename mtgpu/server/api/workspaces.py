@@ -16,11 +16,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import replace
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from ...accounts.lookup import home_of
+from ...accounts.lookup import tenant_home_of
 from ...agent.podman.setup import SAVED_PREFIX
 from ...agent.podman.tenant import PodmanSetupError
 from ...agent.runners.base import RunnerError
@@ -77,7 +76,7 @@ class WorkspaceService:
         if len(given) != 1:
             raise ServiceError(422, "refused: give one of --template NAME, --image IMAGE or --devcontainer PATH"
                                     + self._templates_hint(), refused=True)
-        home = home_of(caller.uid, str(Path(self.config.TENANT_HOME_ROOT) / caller.name))
+        home = tenant_home_of(self.config.TENANT_HOME_ROOT, caller.name, caller.uid)
         resources: dict[str, str] = {}
         if req.template is not None:
             image, ws, resources = self._from_template(req.template)
@@ -253,7 +252,7 @@ class WorkspaceService:
         setup = self.service.member.agent.containers
         if node != self.service.node_name or setup is None:
             raise ServiceError(409, f"workspace {name!r} is kept on {node}; run `mt-container save` there")
-        home = home_of(job.uid, str(Path(self.config.TENANT_HOME_ROOT) / job.tenant))
+        home = tenant_home_of(self.config.TENANT_HOME_ROOT, job.tenant, job.uid)
         try:
             digest = setup.runner.save_workspace(job.id, job.uid, job.gid, home, full)
         except (RunnerError, PodmanSetupError, OSError) as e:

@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...accounts.lookup import home_of, supplementary_groups
+from ...accounts.lookup import supplementary_groups, tenant_home_of
 from ...agent.local import LocalAgent
 from ...agent.runners.base import ENDED, LOST, RUNNING, Launch, RunnerError
 from ...model.job import Job, JobState
@@ -178,7 +178,7 @@ class AgentLoop:
     def _image_ready(self, job: Job, rank: int) -> bool:
         """A container job waits here until its image is (fetched, verified, staged) and
         in the tenant's own store."""
-        home = home_of(job.uid, str(Path(self.home_root) / job.tenant))
+        home = tenant_home_of(self.home_root, job.tenant, job.uid)
         with self.store.lock:
             v = self.images.check(job.spec.container, self.store.machine, (job.uid, job.gid, home))
         if v.state == WAIT:
@@ -208,7 +208,7 @@ class AgentLoop:
             master = (host, self.store.machine.jobs[job.id].master_port)
         alloc = job.allocations[rank]
         user = _user_name(job)
-        home = home_of(job.uid, str(Path(self.home_root) / job.tenant))
+        home = tenant_home_of(self.home_root, job.tenant, job.uid)
         env = job_env(job, rank, self.node_name, user, home, self._node_vendors, master, mps=self.mps)
         launch = Launch(
             job_id=job.id, uid=job.uid, gid=job.gid, extra_gids=supplementary_groups(user, job.gid),
@@ -277,7 +277,7 @@ class AgentLoop:
                     and j.ws.get("node") == self.node_name and j.ws.get("removed") is False
                     and j.id not in running]
         for job in gone:
-            home = home_of(job.uid, str(Path(self.home_root) / job.tenant))
+            home = tenant_home_of(self.home_root, job.tenant, job.uid)
             if runner.remove_workspace(job.id, job.uid, job.gid, home):
                 log.info("workspace %s (job %d): its container was removed", job.spec.workspace.name, job.id)
                 try_commit(self.store, C.JOB_ANNOTATE, job_id=job.id, ws={"removed": True})
