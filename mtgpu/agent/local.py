@@ -110,9 +110,8 @@ class LocalAgent:
                 log.warning("GPU device nodes missing from this machine's /dev (%s): those GPUs are not fenced off "
                             "other jobs", "; ".join(missing))
         cgroups = getattr(self.runner, "cgroups", None)
-        if self.gpu_devices and cgroups is not None and "devices" not in getattr(cgroups, "bases", {}):
-            why = ("cgroup v2 has no devices controller (a device eBPF program would be needed, not available yet)"
-                   if cgroups.version == "v2" else "the devices cgroup is not writable")
+        why = cgroups.device_fencing_problem() if self.gpu_devices and cgroups is not None else None
+        if why:  # the probe's result: v1 devices controller not writable, or no device eBPF program on v2
             log.warning("GPU device fencing is unavailable on this node: %s; a native job can open every GPU's "
                         "device node (container jobs still get only their GPUs)", why)
 

@@ -6,6 +6,11 @@ cgroup (`<own>/<parent>/job-<id>`), so limits a container or service manager set
 the server still bound its jobs. A controller that is not writable is reported in
 `unavailable` and its limit is recorded as not enforced; the runner falls back to
 setrlimit and process-group/marker killing.
+
+GPU device nodes a job may not open are denied through the v1 devices controller
+(`devices.deny`) or, on v2, which has no devices controller, by a device eBPF program
+attached to the job's group (devbpf.py); whether such programs can be attached here is
+tried once at construction (`device_fencing_problem()`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtgpu.agent import procs
+from mtgpu.agent.runners import devbpf
 
 V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer", "cpuacct")  # cpuacct: usage (idle culling)
 V2_CONTROLLERS = ("memory", "cpu", "pids")
@@ -32,6 +38,7 @@ class JobCgroup:
     version: str
     paths: dict[str, str]
     enforced: dict[str, str] = field(default_factory=dict)
+    not_enforced: dict[str, str] = field(default_factory=dict)  # controller -> why a limit asked for is not
 
     @property
     def procs_files(self) -> list[str]:
@@ -161,6 +168,18 @@ class CgroupManager:
             self.unavailable = {c: f"not writable ({e})" for c in V2_CONTROLLERS}
             return
         self.bases["unified"] = base
+        why = devbpf.probe(str(base))
+        if why:
+            self.unavailable["devices"] = ("cgroup v2 has no devices controller and a device eBPF program "
+                                           f"cannot be used: {why}")
+
+    def device_fencing_problem(self) -> str | None:
+        """Why jobs cannot be denied GPU device nodes here; None when they can."""
+        if self.version == "v2" and "unified" in self.bases:
+            return self.unavailable.get("devices")
+        if "devices" in self.bases:
+            return None
+        return f"the devices cgroup is not usable ({self.unavailable.get('devices', 'no writable cgroup hierarchy')})"
 
     # -- per job -----------------------------------------------------------------
     def create(self, job_id: int, *, cpus: float | None, mem_bytes: int | None,
@@ -218,6 +237,18 @@ class CgroupManager:
             if "pids" not in self.unavailable:
                 _write(f"{d}/pids.max", str(self.pids_max))
                 enf["pids"] = f"{tag} (max {self.pids_max})"
+            if deny_devices:
+                if "devices" in self.unavailable:
+                    cg.not_enforced["devices"] = self.unavailable["devices"]
+                    return
+                try:
+                    devbpf.fence(d, deny_devices)
+                except devbpf.StillAttached:
+                    raise  # create() removes the group, which detaches the program
+                except (OSError, ValueError) as e:  # the job runs unfenced, and its record says why
+                    cg.not_enforced["devices"] = devbpf.reason(e)
+                else:
+                    enf["devices"] = f"{tag} (eBPF)"
             return
         if mem_bytes and "memory" in p:
             _write(f"{p['memory']}/memory.limit_in_bytes", str(mem_bytes))

@@ -230,12 +230,15 @@ class NativeRunner:
         out["pids"] = got.get("pids", "not enforced (pids cgroup not writable)")
         if "devices" in got:
             out["devices"] = got["devices"]
+        elif cg is not None and "devices" in cg.not_enforced:
+            out["devices"] = f"not enforced ({cg.not_enforced['devices']})"
         elif not launch.gpu_devices and not gpu_device_nodes(launch.gpu_vendor, tuple(launch.all_gpu_indices)):
             out["devices"] = "not applicable (no GPU device nodes)"
         elif not self._denied_devices(launch):
             out["devices"] = "not needed (the job has every GPU of the node)"
         elif v == "v2":
-            out["devices"] = "not enforced (cgroup v2 needs eBPF)"
+            why = getattr(self.cgroups, "unavailable", {}).get("devices") or "the job has no cgroup"
+            out["devices"] = f"not enforced ({why})"
         else:
             out["devices"] = "not enforced (devices cgroup not writable)"
         kill = "process group + /proc marker scan"
