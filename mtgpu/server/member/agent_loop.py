@@ -13,6 +13,7 @@ import logging
 import os
 import pwd
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reco
 log = logging.getLogger(__name__)
 
 LOG_SWEEP_EVERY_S = 60.0
+WORKSPACE_SWEEP_EVERY_S = 1.0  # removed workspaces are looked for (a scan of every job) this often
 MPS_CONTROL = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps") + "/control"
 
 
@@ -63,6 +65,7 @@ class AgentLoop:
         self.idle = IdleWatch(store, agent, node_name, idle_timeout_s)
         self.vram = VramWatch(node_name, vram_policy, vram_grace_s)
         self._next_vram_at = 0.0
+        self._next_ws_sweep = 0.0  # time.monotonic() of the next look for removed workspaces
         self.mps = os.path.exists(MPS_CONTROL)  # NVIDIA MPS runs here: shared jobs get its memory limit too
 
     # ------------------------------------------------------------ start-up
@@ -268,10 +271,17 @@ class AgentLoop:
 
     def remove_workspaces(self, running: set[int]) -> None:
         """Remove the containers of this member's workspaces that were removed
-        (`mt-container rm`: the job is cancelled) and say so in the state, once."""
+        (`mt-container rm`: the job is cancelled) and say so in the state, once.
+        This scans every job in the state, so it runs at most once every
+        WORKSPACE_SWEEP_EVERY_S (the monotonic clock: a wall-clock jump neither stalls
+        nor hurries it), not on every pass: a removal waits about that long at most."""
         runner = self.agent.runner
         if not hasattr(runner, "remove_workspace"):
             return
+        now = time.monotonic()
+        if now < self._next_ws_sweep:
+            return
+        self._next_ws_sweep = now + WORKSPACE_SWEEP_EVERY_S
         with self.store.lock:
             gone = [j for j in self.store.machine.jobs.values() if j.spec.workspace is not None and j.state.final
                     and j.ws.get("node") == self.node_name and j.ws.get("removed") is False
