@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class LocalAgent:
         self._dir = self.state_dir / "agent"
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._active: dict[int, int] = {}  # job id -> attempt running here
+        self._started: dict[int, float] = {}  # job id -> when it started (monotonic; its time limit counts from it)
         self._stopping: set[int] = set()
         self._last_gpus: list[GpuInfo] = []
         self._lock = threading.Lock()
@@ -149,7 +151,10 @@ class LocalAgent:
                 self._active.pop(launch.job_id, None)
             self._drop_record(launch.job_id)
             raise
-        self._save(launch.job_id, {"attempt": attempt, "runner": state})
+        started = time.monotonic()
+        self._save(launch.job_id, {"attempt": attempt, "runner": state, "started_mono": started, "boot": boot_id()})
+        with self._lock:
+            self._started[launch.job_id] = started
         return self.runner.enforced(launch.job_id)
 
     def runs(self) -> dict[int, LocalRun]:
@@ -157,7 +162,8 @@ class LocalAgent:
         ended, None while it runs. Ended runs stay until forget()."""
         with self._lock:
             candidates = {j: a for j, a in self._active.items() if j not in self._stopping}
-        return {j: LocalRun(j, a, self.runner.poll(j)) for j, a in candidates.items()}
+            started = dict(self._started)
+        return {j: LocalRun(j, a, self.runner.poll(j), started.get(j)) for j, a in candidates.items()}
 
     def stop(self, job_id: int, grace_s: float = 3.0) -> None:
         """Stop a run; it stays known (ended, `stopped`) until forget()."""
@@ -175,6 +181,7 @@ class LocalAgent:
         """Drop a job whose end has been recorded."""
         with self._lock:
             self._active.pop(job_id, None)
+            self._started.pop(job_id, None)
             self._stopping.discard(job_id)
         try:
             self.runner.forget(job_id)
@@ -224,6 +231,8 @@ class LocalAgent:
             else:
                 with self._lock:
                     self._active[job_id] = attempt
+                    if record.get("boot") == boot_id() and isinstance(record.get("started_mono"), (int, float)):
+                        self._started[job_id] = float(record["started_mono"])
             results.append(Reattach(job_id, attempt, outcome))
         if self.containers is not None:
             self.containers.sweep_later()
@@ -257,3 +266,12 @@ class LocalAgent:
         if self._sim_nodes is not None:
             remove_sim_nodes(self._sim_nodes)
         self.backend.close()
+
+
+def boot_id() -> str:
+    """This boot of the machine (a monotonic moment means something only within one)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -65,6 +65,7 @@ class LocalRun:
     job_id: int
     attempt: int
     ended: ExitInfo | None = None
+    started_mono: float | None = None  # when it started here, on this boot's monotonic clock
 
 
 # What load_state found of a run after a restart.

@@ -88,7 +88,7 @@ class AgentLoop:
         """One reconcile-and-apply pass. `in_sync`: this member reads the cluster's
         current state (see reconcile); when False it only reports the ends of runs."""
         self._node_vendors = node_vendors
-        now = self.clock()
+        now, mono = self.clock(), time.monotonic()  # wall: for the record; monotonic: every interval
         self._send_reports()
         runs = self.agent.runs()
         with self.store.lock:
@@ -104,20 +104,20 @@ class AgentLoop:
                                            and "late" not in h for h in job.history):
                     late_wanted.add((job_id, run.attempt))
         for action in reconcile(placed, runs, set(self._unsent), late_wanted, in_sync, now, self.node_name,
-                                frozenset(self._refused)):
+                                frozenset(self._refused), mono_now=mono):
             self._apply_action(action, runs)
         self._send_reports()
         self.remove_workspaces(set(runs))
         if in_sync:
-            self._enforce_vram(now, runs)
+            self._enforce_vram(mono, runs)
         if self.idle.timeout_s and in_sync:
             with self.store.lock:
                 mine = [j for j in self.store.machine.running_jobs() if j.spec.workspace is not None
                         and self._my_rank(j) is not None and j.ws.get("container")]
-            self.idle.run_once(now, mine)
+            self.idle.run_once(mono, mine, at=now)
         jobs_known = len(self.store.machine.jobs)
-        if now >= self._next_log_sweep or jobs_known < self._jobs_known:  # jobs were forgotten
-            self._next_log_sweep = now + LOG_SWEEP_EVERY_S
+        if mono >= self._next_log_sweep or jobs_known < self._jobs_known:  # jobs were forgotten
+            self._next_log_sweep = mono + LOG_SWEEP_EVERY_S
             self.sweep_logs()
         self._jobs_known = jobs_known
 
@@ -244,7 +244,8 @@ class AgentLoop:
 
     def _enforce_vram(self, now: float, runs) -> None:
         """Shared-mode jobs above their VRAM reservation (vram_watch.py): stopped and failed
-        with the figures, or warned about in their reason."""
+        with the figures, or warned about in their reason. `now`: the monotonic clock (the
+        grace is an interval)."""
         if self.vram.policy == "off" or now < self._next_vram_at:
             return
         self._next_vram_at = now + 1.0  # the GPUs are sampled once a second

@@ -49,8 +49,10 @@ class IdleWatch:
         self._states: dict[tuple[int, int], IdleState] = {}
         self._next_at = 0.0
 
-    def run_once(self, now: float, running: list[Job]) -> None:
-        """`running`: the workspaces the state runs on this member now."""
+    def run_once(self, now: float, running: list[Job], at: float | None = None) -> None:
+        """`running`: the workspaces the state runs on this member now. `now`: the monotonic
+        clock (idleness is an interval, which a wall-clock jump must not move); `at`: the
+        wall clock, for the record of a stop (default `now`)."""
         if not self.timeout_s or now < self._next_at:
             return
         self._next_at = now + self.every_s
@@ -74,7 +76,8 @@ class IdleWatch:
             why = verdict(state, now, self.timeout_s)
             if why:
                 log.info("workspace %s (job %d): %s", job.spec.workspace.name, job.id, why)
-                r = try_commit(self.store, C.WORKSPACE_STOP, job_id=job.id, at=now, reason=why, attempt=job.attempt)
+                r = try_commit(self.store, C.WORKSPACE_STOP, job_id=job.id, at=now if at is None else at, reason=why,
+                               attempt=job.attempt)
                 if r is not None and r["ok"]:
                     keys.discard(key)
         self._states = {k: v for k, v in self._states.items() if k in keys}

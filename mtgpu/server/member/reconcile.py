@@ -107,9 +107,20 @@ def end_report(p: PlacedRank, ended: ExitInfo, node: str) -> Report:
                   {"state": "lost", "reason": f"{what}; the job asked not to be requeued"})
 
 
+def _ran_for(p: PlacedRank, run: LocalRun, now: float, mono_now: float | None) -> float:
+    if run.started_mono is not None and mono_now is not None:
+        return mono_now - run.started_mono
+    return now - p.started_at if p.started_at is not None else 0.0
+
+
 def reconcile(placed: list[PlacedRank], runs: dict[int, LocalRun], unsent: set[int], late_wanted: set[tuple[int, int]],
-              in_sync: bool, now: float, node: str, refused: frozenset[tuple[int, int]] = frozenset()) -> list[Action]:
+              in_sync: bool, now: float, node: str, refused: frozenset[tuple[int, int]] = frozenset(),
+              mono_now: float | None = None) -> list[Action]:
     """The actions that bring this member in line with the state (see the module's docstring).
+
+    A time limit counts from when the run started here, on the monotonic clock (`mono_now`),
+    so that a jump of the wall clock neither cuts a job short nor lets it overrun; a run
+    with no such moment (started before a reboot's record) counts from the recorded start.
 
     `unsent`: jobs whose end report waits to be committed (left alone meanwhile);
     `late_wanted`: (job, attempt) pairs requeued off this member with no late report yet;
@@ -127,7 +138,7 @@ def reconcile(placed: list[PlacedRank], runs: dict[int, LocalRun], unsent: set[i
                 continue
             if run.ended is not None:
                 actions.append(end_report(p, run.ended, node))
-            elif p.time_limit_s and p.started_at is not None and now - p.started_at > p.time_limit_s:
+            elif p.time_limit_s and _ran_for(p, run, now, mono_now) > p.time_limit_s:
                 actions.append(Stop(job_id, f"time limit {format_duration(p.time_limit_s)} reached"))
                 actions.append(Report(job_id, p.attempt, p.rank, "finish", {
                     "state": "failed", "reason": f"time limit {format_duration(p.time_limit_s)} reached; "

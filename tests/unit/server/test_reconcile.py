@@ -92,6 +92,18 @@ def test_a_run_past_its_time_limit_is_stopped_and_reported_failed():
     assert decide([placed(started_at=NOW - 59, time_limit_s=60)], run()) == []
 
 
+def test_a_time_limit_counts_on_the_monotonic_clock_from_the_local_start_whatever_the_wall_clock_says():
+    started_here = {1: LocalRun(1, 0, None, started_mono=500.0)}
+    # the wall clock jumped an hour forward: the recorded start looks an hour old, the run is 30 s old
+    jumped = reconcile([placed(started_at=NOW - 30, time_limit_s=60)], started_here, set(), set(), True,
+                       NOW + 3600, "m0", mono_now=530.0)
+    assert jumped == []
+    # and back: the recorded start looks in the future, yet the run has gone on for 61 s
+    back = reconcile([placed(started_at=NOW - 61, time_limit_s=60)], started_here, set(), set(), True,
+                     NOW - 3600, "m0", mono_now=561.0)
+    assert back[0] == Stop(1, "time limit 00:01:00 reached")
+
+
 def test_a_run_of_another_attempt_is_stopped_then_forgotten_once_stopped():
     assert decide([placed(attempt=1)], run(attempt=0)) == [Stop(1, "attempt 0 is no longer placed here")]
     assert decide([placed(attempt=1)], run(attempt=0, ended=STOPPED)) == [Forget(1)]
