@@ -95,9 +95,11 @@ def member_name(node: Node) -> str:
 
 @contextlib.contextmanager
 def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after_s: float = 8.0,
-                    settings: list[dict] | None = None, lab=None) -> Iterator[Cluster]:
+                    settings: list[dict] | None = None, lab=None,
+                    prefixes: list[list[str]] | None = None) -> Iterator[Cluster]:
     """`lab`: a netlab.NetLab; each member then runs in its own network namespace at its
-    address there (the test reaches it through its Unix socket, as on loopback)."""
+    address there (the test reaches it through its Unix socket, as on loopback).
+    `prefixes`: what goes before each member's command line (e.g. clockjump.py's)."""
     base = Path(tempfile.mkdtemp(prefix="mtgpu-cl-"))
     os.chmod(base, 0o755)
     secret_path = base / "cluster.secret"
@@ -110,7 +112,8 @@ def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after
     try:
         for i, port in enumerate(ports):
             cluster.add_member(f"m{i}", gpus[i] if gpus else None, port=port, start=False, host=hosts[i],
-                               prefix=lab.prefix(i) if lab else None, **(settings[i] if settings else {}))
+                               prefix=(lab.prefix(i) if lab else []) + (prefixes[i] if prefixes else []),
+                               **(settings[i] if settings else {}))
         for m in cluster.members:
             m.start(wait=False)
         for m in cluster.members:
