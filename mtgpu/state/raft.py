@@ -37,6 +37,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
 
 from .machine import StateMachine
+from .raft_files import check_replica_files
 from .store import ReplicationError
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class RaftState:
         self._pending_ids = itertools.count()
         self._pending_lock = threading.Lock()
         self._remove_stale_files()
+        check_replica_files(*self._files(self.replica))  # damage refuses the start (raft_files.py)
         self._open(self_address, voters)
 
     def _files(self, replica: str) -> tuple[Path, Path]:

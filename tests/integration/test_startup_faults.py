@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.support.cluster import running_cluster
-from tests.support.node import free_port, running_node
+from tests.support.node import free_port, running_node, wait_for
 
 
 @pytest.fixture()
@@ -106,3 +106,29 @@ def test_a_full_state_disk_refuses_a_submission_clearly_and_the_node_goes_on(ali
         finally:
             node.terminate()
             subprocess.run(["umount", "-l", str(node.state_dir)], capture_output=True)
+
+
+def test_a_damaged_replica_stops_a_member_naming_the_file_and_the_fix_brings_it_back(alice):
+    """A member whose own copy of the replicated state is damaged (its Raft journal cut
+    short) refuses to start, naming the file and the fix, instead of crashing or running
+    on an empty state; after the fix it starts and has the cluster's state again."""
+    with running_cluster(3) as cl:
+        sched = cl.scheduler()
+        victim = next(m for m in cl.members if m is not sched)
+        jid = sched.submit_json(alice, "--wrap", "true")["job_id"]
+        assert sched.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+        victim.terminate()
+        journal = victim.state_dir / "cluster" / "raft.journal"
+        journal.write_bytes(journal.read_bytes()[:300])
+        log = refused_start(victim)
+        assert f"{journal} says its records end at byte" in log and "move this replica's files aside" in log, log
+        assert "Traceback" not in log, log
+        fix = log[log.index("(mkdir -p "):].split(")", 1)[0].removeprefix("(")
+        subprocess.run(["bash", "-c", fix], check=True)
+        assert not journal.exists() and (journal.parent / "damaged" / "raft.journal").exists()
+        victim.start(timeout_s=60)
+        job = wait_for("the member to have the cluster's state again",
+                       lambda: (j := victim.job(jid))["state"] == "completed" and j, timeout_s=60)
+        assert job["id"] == jid
+        again = victim.submit_json(alice, "--wrap", "true")["job_id"]
+        assert sched.wait_state(again, {"completed", "failed"}, timeout_s=60)["state"] == "completed"

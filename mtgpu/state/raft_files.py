@@ -1,0 +1,123 @@
+"""A cluster member's own copy of the replicated state, checked before pysyncobj opens it.
+
+pysyncobj keeps three files per replica (STATE_DIR/cluster/raft*.journal, its .meta and
+the .dump snapshot) and reads them without asking whether they are whole: a truncated
+journal stops the start with a bare struct.error, and a damaged snapshot is skipped
+with a logged exception, after which the member runs on as if the state were empty (a
+lone member would even schedule from it). So the node reads them first, entry by
+entry, and refuses to start on damage, naming the file, what is wrong and the fix:
+move that replica's files aside and start again, and the member fetches the state from
+the other members (the cluster holds every committed entry on a majority of its voters,
+so one member's copy is never the only one).
+
+The layouts read here are pysyncobj 0.3's (journal.py, serializer.py): a journal is a
+40-byte header (name, version, format, end of the last record) and records of
+[size][index, term, command][size]; a snapshot is a gzip'd pickle of (state, last
+entry, the entry before it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+import zlib
+from pathlib import Path
+
+from .journal import JournalCorrupt
+
+_NAME = b"PYSYNCOBJ"
+_HEADER = 24 + 8 + 4 + 4
+_COMMAND_TYPES = {0, 1, 2, 3}  # regular, no-op, membership, version
+
+
+def _refuse(path: Path, what: str, replica_files: list[Path]) -> JournalCorrupt:
+    names = " ".join(str(p) for p in replica_files)
+    return JournalCorrupt(
+        f"this member's copy of the cluster state is damaged: {path} {what}. Its entries cannot be trusted, so "
+        f"the member does not start on them. Fix: move this replica's files aside (mkdir -p {path.parent}/damaged "
+        f"&& mv {names} {path.parent}/damaged/) and start again: the member then fetches the state from the "
+        "other members, which hold every committed entry (on a cluster of one member, restore "
+        f"{path.parent} from a backup instead: its state is nowhere else)")
+
+
+def check_replica_files(journal: Path, dump: Path) -> None:
+    """Raise JournalCorrupt when the journal, its .meta or the snapshot of a replica is
+    damaged; files that do not exist yet are fine (a new replica)."""
+    meta = Path(str(journal) + ".meta")
+    present = [p for p in (journal, meta, dump) if p.exists()]
+    if journal.exists():
+        why = _journal_problem(journal.read_bytes())
+        if why:
+            raise _refuse(journal, why, present)
+    if meta.exists():
+        why = _meta_problem(meta.read_bytes())
+        if why:
+            raise _refuse(meta, why, present)
+    if dump.exists():
+        why = _dump_problem(dump)
+        if why:
+            raise _refuse(dump, why, present)
+
+
+def _journal_problem(data: bytes) -> str | None:
+    if len(data) < _HEADER:
+        return f"is {len(data)} bytes long, shorter than a journal's {_HEADER}-byte header"
+    if data[:24].rstrip(b"\0") != _NAME:
+        return "does not start with a pysyncobj journal header"
+    fmt, end = struct.unpack("<II", data[32:40])
+    if fmt != 1:
+        return f"has journal format {fmt}, not 1"
+    if not _HEADER <= end <= len(data):
+        return f"says its records end at byte {end}, outside its {len(data)} bytes (cut short?)"
+    at, previous = _HEADER, None
+    while at < end:
+        if at + 4 > end:
+            return f"has a record cut short at byte {at}"
+        (size,) = struct.unpack("<I", data[at:at + 4])
+        if size < 17 or at + 8 + size > end:
+            return f"has a record of {size} bytes at byte {at} that does not fit before the end ({end})"
+        (trailer,) = struct.unpack("<I", data[at + 4 + size:at + 8 + size])
+        if trailer != size:
+            return f"has a record at byte {at} whose two sizes differ ({size}, {trailer})"
+        index, term = struct.unpack("<QQ", data[at + 4:at + 20])
+        if previous is not None and (index != previous[0] + 1 or term < previous[1]):
+            return (f"has entry {index} (term {term}) at byte {at} after entry {previous[0]} (term {previous[1]}): "
+                    "entries must follow one another")
+        command = data[at + 20:at + 4 + size]
+        if command[0] not in _COMMAND_TYPES:
+            return f"has entry {index} at byte {at} of an unknown kind ({command[0]})"
+        if command[0] != 1:  # every kind but the no-op carries a pickled body
+            try:
+                pickle.loads(command[1:])
+            except Exception as e:  # noqa: BLE001 - any failure to read it is damage
+                return f"has entry {index} at byte {at} that cannot be read ({type(e).__name__})"
+        previous = (index, term)
+        at += size + 8
+    return None
+
+
+def _meta_problem(data: bytes) -> str | None:
+    """pysyncobj ignores a .meta it cannot read, and with it the vote this member cast in
+    the current term (Raft needs it: without it the member could vote twice in a term)."""
+    try:
+        meta = pickle.loads(data)
+    except Exception as e:  # noqa: BLE001
+        return f"cannot be read ({type(e).__name__}): it holds this member's current term and vote"
+    if not isinstance(meta, dict):
+        return "does not hold the term and vote a .meta file holds"
+    return None
+
+
+def _dump_problem(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f, gzip.GzipFile(fileobj=f) as g:
+            data = pickle.load(g)
+    except (OSError, EOFError, zlib.error, pickle.UnpicklingError, ValueError, struct.error) as e:
+        return f"(the snapshot) cannot be read ({type(e).__name__}: {str(e)[:120]})"
+    except Exception as e:  # noqa: BLE001 - pickle raises many kinds on damaged input
+        return f"(the snapshot) cannot be read ({type(e).__name__})"
+    if not (isinstance(data, tuple) and len(data) >= 3 and all(isinstance(x, tuple) and len(x) == 3
+                                                               for x in data[1:3])):
+        return "(the snapshot) does not hold a pysyncobj snapshot"
+    return None
