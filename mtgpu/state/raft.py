@@ -37,7 +37,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
 
 from .machine import StateMachine
-from .raft_files import check_replica_files
+from .raft_files import check_replica_files, stop_on_full_disk
 from .store import ReplicationError
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,9 @@ class RaftState:
         self.self_address = self_address
         others = [v for v in voters if v != self_address]
         self._sync = SyncObj(self_address, others, conf=self._conf(joining), consumers=[self._consumer])
+        if not stop_on_full_disk(self._sync, self.directory, log):
+            log.warning("this pysyncobj's journal is not the one mtgpu knows: a full STATE_DIR disk may stop this "
+                        "member without a message (pysyncobj maps its journal into memory)")
         self._sync.addOnTickCallback(self._run_tick_jobs)
 
     def _run_tick_jobs(self) -> None:

@@ -18,9 +18,14 @@ entry, the entry before it).
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import gzip
+import logging
+import os
 import pickle
 import struct
+import sys
 import zlib
 from pathlib import Path
 
@@ -121,3 +126,71 @@ def _dump_problem(path: Path) -> str | None:
                                                                for x in data[1:3])):
         return "(the snapshot) does not hold a pysyncobj snapshot"
     return None
+
+
+# ---------------------------------------------------------------- a full disk
+_FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+
+
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Give the file's bytes [offset, offset + length) blocks on disk without changing its
+    size (pysyncobj's mmap takes the file's size for its own); OSError when the disk
+    has no room. posix_fallocate cannot: it grows the file."""
+    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def stop_on_full_disk(sync, directory: Path, log) -> bool:
+    """Make the replica's journal and .meta writes fail cleanly on a full (or failing)
+    STATE_DIR disk: pysyncobj maps the journal into memory, so a write into a page the
+    disk has no room for kills the process with SIGBUS, without a word, and a .meta it
+    cannot write is logged and forgotten (the member's vote with it). Each journal write
+    now first reserves its bytes on disk (posix_fallocate); when that, or a .meta write,
+    fails, the member stops at once with one line that says why and what to do, before
+    anything torn is written: its journal stays whole up to the last entry, and it
+    starts again once there is room (the others hold the state meanwhile). False when
+    this pysyncobj's journal is not the one known here (nothing is changed then)."""
+    journal = getattr(sync, "_SyncObj__raftLog", None)
+    rfile = getattr(journal, "_FileJournal__journalFile", None)
+    storer = getattr(journal, "_FileJournal__metaStorer", None)
+    if rfile is None or storer is None or not hasattr(rfile, "_ResizableFile__f"):
+        return False
+
+    def stop(what: str, e: OSError) -> None:
+        line = (f"mtgpu-server: stopped: {what} in {directory} failed ({e.strerror or e}); the member stops before "
+                "it writes anything torn (its journal is whole up to its last entry, the other members hold the "
+                f"state). Free space on the disk of STATE_DIR ({directory.parent}), then start this member again")
+        log.critical("%s", line)
+        for handler in list(log.handlers) + list(getattr(log.parent, "handlers", [])) + list(log.root.handlers):
+            try:
+                handler.flush()
+            except Exception:  # noqa: BLE001 - nothing may stop the exit
+                pass
+        if not logging.getLogger().handlers:  # else the log line above already went there
+            print(line, file=sys.stderr, flush=True)
+        os._exit(2)
+
+    write = rfile.write
+
+    def reserved_write(offset, values):
+        try:
+            reserve(rfile._ResizableFile__f.fileno(), offset, len(values))
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):  # a filesystem that cannot: written as before
+                stop("writing a Raft journal entry", e)
+        write(offset, values)
+
+    store_meta = storer.storeMeta
+
+    def checked_store_meta(meta):
+        try:
+            store_meta(meta)
+        except OSError as e:
+            stop("recording the term and vote (.meta)", e)
+
+    rfile.write = reserved_write
+    storer.storeMeta = checked_store_meta
+    return True

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 
 import pytest
 
-from tests.support.cluster import running_cluster
+from tests.support.cluster import member_name, running_cluster
 from tests.support.node import free_port, running_node, wait_for
 
 
@@ -132,3 +133,50 @@ def test_a_damaged_replica_stops_a_member_naming_the_file_and_the_fix_brings_it_
         assert job["id"] == jid
         again = victim.submit_json(alice, "--wrap", "true")["job_id"]
         assert sched.wait_state(again, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+
+
+def test_a_member_whose_state_disk_fills_stops_with_a_message_and_comes_back_whole(alice):
+    """pysyncobj maps its journal into memory: on a full disk a member died of SIGBUS
+    without a word. It now stops (status 2) with one line naming the disk and the fix,
+    before anything torn is written; the cluster goes on; with room again it starts and
+    has every entry."""
+    with running_cluster(3) as cl:
+        sched = cl.scheduler()
+        victim = next(m for m in cl.members if m is not sched)
+        victim.terminate()
+        saved = cl.base / "victim-state"
+        shutil.copytree(victim.state_dir, saved, symlinks=True, ignore=shutil.ignore_patterns("*.sock"))
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", str(victim.state_dir)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        try:
+            shutil.copytree(saved, victim.state_dir, symlinks=True, dirs_exist_ok=True)
+            victim.start(timeout_s=60)
+            with open(victim.state_dir / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * (1 << 16))
+                        f.flush()
+                except OSError:
+                    pass
+            here = member_name(sched)
+            ids = []
+            for _ in range(400):  # each one is an entry in every member's journal
+                ids.append(sched.submit_json(alice, "--server", here, "--wrap", "true")["job_id"])
+                if victim.proc.poll() is not None:
+                    break
+            assert victim.proc.wait(timeout=30) == 2, victim.server_log()
+            log = victim.server_log()
+            assert "stopped: writing a Raft journal entry" in log or "stopped: recording the term" in log, log
+            assert "No space left on device" in log and "Free space on the disk of STATE_DIR" in log, log
+            assert "Bus error" not in log and "Traceback" not in log, log
+            for jid in ids[-3:]:  # the others go on
+                assert sched.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+            (victim.state_dir / "filler").unlink()
+            victim.start(timeout_s=60)
+            wait_for("the member to have every entry", lambda: victim.job(ids[-1])["state"] == "completed",
+                     timeout_s=60)
+        finally:
+            victim.terminate()
+            subprocess.run(["umount", "-l", str(victim.state_dir)], capture_output=True)
