@@ -24,6 +24,7 @@ class ClockJump:
         r = subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(self.library),
                             str(SOURCE), "-ldl"], capture_output=True, text=True)
         if r.returncode != 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
             raise RuntimeError(f"building {SOURCE.name} failed: {r.stderr}")
         self.dir.chmod(0o755)  # the member's jobs (tenants) load it too
         self.offset_file = self.dir / "offset"
