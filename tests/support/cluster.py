@@ -20,7 +20,7 @@ from typing import Iterator
 
 from mtgpu.client.local import LocalClient
 
-from .node import Node, free_port, kill_leftover_runs, remove_container_leftovers, wait_for, write_config
+from .node import Node, free_port, kill_leftover_runs, remove_container_leftovers, terminate_all, wait_for, write_config
 
 GPUS_2 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
 
@@ -127,8 +127,7 @@ def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after
                 os.kill(m.proc.pid, 18)  # SIGCONT: a stopped member must be able to exit
         if live:
             live[0].cancel_everything()
-        for m in cluster.members:
-            m.terminate()
+        terminate_all(cluster.members)
         for m in cluster.members:
             kill_leftover_runs(m.state_dir)
             remove_container_leftovers(m.state_dir, member_name(m))

@@ -139,13 +139,7 @@ class Node:
         self.proc.wait(timeout=10)
 
     def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate_all([self])
 
     # ------------------------------------------------------------ clients
     def client(self) -> LocalClient:
@@ -258,3 +252,17 @@ def running_node(gpus: list[dict] | None = None, name: str = "node-a", start: bo
         kill_leftover_runs(state_dir)
         remove_container_leftovers(state_dir, name)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def terminate_all(nodes: list["Node"]) -> None:
+    """SIGTERM every node's server at once, then wait for each (SIGKILL after 10 s): a
+    cluster stops in the time of its slowest member, not of all of them in a row."""
+    running = [n.proc for n in nodes if n.proc is not None and n.proc.poll() is None]
+    for proc in running:
+        proc.send_signal(signal.SIGTERM)
+    for proc in running:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
