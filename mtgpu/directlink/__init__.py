@@ -1,0 +1,1 @@
+"""DirectLink: connections between members and clients through NAT (docs/DIRECTLINK.md)."""
