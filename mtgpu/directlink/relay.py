@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -38,6 +39,7 @@ class Relay:
         self.forwarded_frames = 0
         self.forwarded_bytes = 0
         self.refusals: list[str] = []
+        self.tap: Callable[[bytes], None] | None = None  # sees every forwarded payload (tests: "only ciphertext")
 
     # ------------------------------------------------------------ TCP
     async def serve(self, host: str, port: int) -> tuple[asyncio.AbstractServer, asyncio.DatagramTransport]:
@@ -111,6 +113,8 @@ class Relay:
                 if dst is None:
                     me.queue.put_nowait(F.pack(F.UNREACHABLE, payload[:32])) if not me.queue.full() else None
                     continue
+                if self.tap is not None:
+                    self.tap(payload[32:])
                 await dst.queue.put(F.pack(F.RECV, src + payload[32:]))
                 self.forwarded_frames += 1
                 self.forwarded_bytes += len(payload) - 32
