@@ -116,6 +116,8 @@ class Session:
         self._timer: asyncio.TimerHandle | None = None
         self._control: Stream | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.on_control: Callable[["Session", dict], None] | None = None
+        self.path = "relay"  # or "direct": which path carries the datagrams now (set by the endpoint)
 
     # ------------------------------------------------------------ set-up
     @classmethod
@@ -199,7 +201,7 @@ class Session:
     async def _dialer_wait_ok(self) -> None:
         line = await self._control.readline()
         if line.strip() == b"ok":
-            self.ready.set()
+            self._ready()
         else:
             self.close(f"{self.peer_id[:16]}... refused this session: {line.decode('utf-8', 'replace').strip()}")
 
@@ -234,7 +236,30 @@ class Session:
             self._spawn(self._close_soon(why))
             return
         self._control.write(b"ok\n")
+        self._ready()
+
+    # ------------------------------------------------------------ control messages
+    def _ready(self) -> None:
         self.ready.set()
+        self._spawn(self._control_loop())
+
+    async def _control_loop(self) -> None:
+        """After the hellos, the first stream carries JSON lines between the two endpoints
+        (the direct path's candidates and tokens): given to `on_control`."""
+        while line := await self._control.readline():
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if self.on_control is not None and isinstance(message, dict):
+                try:
+                    self.on_control(self, message)
+                except Exception:  # noqa: BLE001 - a bad message must not end the session
+                    log.warning("directlink: a control message could not be handled", exc_info=True)
+
+    def send_control(self, message: dict) -> None:
+        if self._control is not None and not self.closed.is_set():
+            self._control.write(json.dumps(message).encode() + b"\n")
 
     async def _close_soon(self, why: str) -> None:
         await asyncio.sleep(0.2)  # let the refusal reach the dialer first
