@@ -102,6 +102,7 @@ class Endpoint:
             return
         st = s.direct
         st.peer_token, st.peer_candidates = token, D.parse_candidates(offer.get("candidates"))
+        log.debug("directlink: %s... offers a direct path at %s", s.peer_id[:16], st.peer_candidates)
         self._punch(s)
 
     def _punch(self, s: Session) -> None:
@@ -112,6 +113,8 @@ class Endpoint:
     def _udp_datagram(self, data: bytes, addr) -> None:
         kind, body = data[:1], data[1:]
         now = time.monotonic()
+        if kind in (D.PROBE, D.ACK):
+            log.debug("directlink: %s from %s:%d", "probe" if kind == D.PROBE else "answer", *addr)
         sessions = [s for s in list(self.dialled.values()) + list(self.answered.values())
                     if getattr(s, "direct", None) is not None and not s.closed.is_set()]
         if kind == D.PROBE:
