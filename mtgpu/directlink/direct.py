@@ -31,6 +31,7 @@ KEEPALIVE_S = 1.0
 DOWN_AFTER_S = 3.0
 RETRY_EVERY_S = 10.0
 OPENER_TTL = 2
+SOCKET_BUFFER = 4 * 1024 * 1024
 
 
 @dataclass
@@ -57,6 +58,12 @@ class UdpSocket(asyncio.DatagramProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):  # a burst of QUIC packets must not overflow it
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+            except OSError:
+                pass
 
     def datagram_received(self, data: bytes, addr) -> None:
         if data.startswith(F.REFLECT_ANSWER):

@@ -5,7 +5,8 @@
 
 It prints one JSON line per event: {"event": "up", "id": ...}, {"event": "path", "path":
 "direct"|"relay", "after_ms": ...}, {"event": "echoed", "bytes": N, "ms": ...}; `dial` then
-waits for commands on stdin: "send N" (an echo round trip of N bytes), "quit".
+waits for commands on stdin: "send N" (an echo round trip of N bytes), "sink N" (N bytes
+one way, counted by the peer), "quit".
 """
 
 from __future__ import annotations
@@ -30,10 +31,37 @@ def say(**event) -> None:
 
 
 async def echo(session, stream) -> None:
-    while data := await stream.read():
+    """Echo the stream; one that starts with b"S" is a sink: counted, answered with the count."""
+    first = await stream.read(1)
+    if first == b"S":
+        count = 0
+        while data := await stream.read():
+            count += len(data)
+        stream.write(str(count).encode(), end=True)
+        return
+    data = first
+    while data:
         stream.write(data)
         await stream.drain()
+        data = await stream.read()
     stream.end()
+
+
+async def one_way(session, size: int) -> float:
+    """Seconds to send `size` bytes that the peer counted (its answer ends the clock)."""
+    t0 = time.monotonic()
+    stream = session.open_stream()
+    block = os.urandom(65536)
+    stream.write(b"S")
+    sent = 0
+    while sent < size:
+        chunk = block[: size - sent]
+        stream.write(chunk, end=sent + len(chunk) >= size)
+        sent += len(chunk)
+        await stream.drain()
+    answer = await stream.read()
+    assert int(answer) == size, (answer, size)
+    return time.monotonic() - t0
 
 
 async def round_trip(session, size: int, marker: bytes) -> float:
@@ -83,12 +111,14 @@ async def main() -> None:
     say(event="up", id=ep.id, public=ep.public, direct_possible=direct)
     if args.mode == "serve":
         await asyncio.Event().wait()
+    t_dial = time.monotonic()
     session = await ep.dial(args.peer)
     say(event="session", after_ms=round((time.monotonic() - t0) * 1000, 1))
     first = session.open_stream()
     first.write(b"x", end=True)
     await first.read(1)
-    say(event="first_byte", after_ms=round((time.monotonic() - t0) * 1000, 1), path=session.path)
+    say(event="first_byte", after_ms=round((time.monotonic() - t0) * 1000, 1), path=session.path,
+        since_dial_ms=round((time.monotonic() - t_dial) * 1000, 1))
     last = session.path
 
     async def watch() -> None:
@@ -96,7 +126,8 @@ async def main() -> None:
         while True:
             if session.path != last:
                 last = session.path
-                say(event="path", path=last, after_ms=round((time.monotonic() - t0) * 1000, 1))
+                say(event="path", path=last, after_ms=round((time.monotonic() - t0) * 1000, 1),
+                    since_dial_ms=round((time.monotonic() - t_dial) * 1000, 1))
             await asyncio.sleep(0.01)
     asyncio.ensure_future(watch())
     loop = asyncio.get_running_loop()
@@ -109,6 +140,14 @@ async def main() -> None:
             try:
                 dt = await asyncio.wait_for(round_trip(session, size, args.marker.encode()), 120)
                 say(event="echoed", bytes=size, ms=round(dt * 1000, 1), path=session.path,
+                    mbit_s=round(size * 8 / dt / 1e6, 1))
+            except Exception as e:  # noqa: BLE001 - said to the test
+                say(event="error", what=f"{type(e).__name__}: {e}")
+        elif line.startswith("sink "):
+            size = int(line.split()[1])
+            try:
+                dt = await asyncio.wait_for(one_way(session, size), 120)
+                say(event="sunk", bytes=size, ms=round(dt * 1000, 1), path=session.path,
                     mbit_s=round(size * 8 / dt / 1e6, 1))
             except Exception as e:  # noqa: BLE001 - said to the test
                 say(event="error", what=f"{type(e).__name__}: {e}")

@@ -1,0 +1,122 @@
+"""DirectLink in the NAT lab (tests/support/natlab.py), one run:
+
+    python bench/directlink.py [--mb 20] [--json]
+
+Prints the time from dialling to the first byte through the relay, from dialling to the
+direct path (easy NAT), the throughput of one stream direct (easy NAT) and relayed
+(--random-fully NAT, where no direct path exists), and plain TCP over the same links as
+the floor (host A to the relay's host, through A's router and the wan router, an echo:
+each direction carries the rate shown). A stream's throughput is one way: N bytes sent,
+the clock stops when the peer's count of them arrives. Needs root (network namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import run_as_root  # noqa: E402
+from tests.support.dllab import PY, ROOT, make_keys, run_lab  # noqa: E402
+from tests.support.natlab import NatLab, netlab_missing  # noqa: E402
+
+TCP_ECHO = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 7555)); s.listen(1); print("listening", flush=True)
+c, _ = s.accept()
+while data := c.recv(1 << 20):
+    c.sendall(data)
+"""
+TCP_CLIENT = r"""
+import socket, sys, time, threading
+size = int(sys.argv[2]); c = socket.create_connection((sys.argv[1], 7555))
+got = [0]
+def rd():
+    while got[0] < size:
+        d = c.recv(1 << 20)
+        if not d: break
+        got[0] += len(d)
+t0 = time.monotonic(); th = threading.Thread(target=rd); th.start()
+block = b"x" * (1 << 16); sent = 0
+while sent < size:
+    c.sendall(block[: size - sent]); sent += min(len(block), size - sent)
+th.join(); print(round(size * 8 / (time.monotonic() - t0) / 1e6, 1))
+"""
+
+
+def one_way_mbit(dialer, size: int) -> tuple[float, str]:
+    dialer.tell(f"sink {size}")
+    e = dialer.event("sunk", timeout_s=180)
+    return e["mbit_s"], e["path"]
+
+
+def run(args) -> dict:
+    size = args.mb * 1_000_000
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="mtgpu-dlbench-") as tmp:
+        keys = make_keys(Path(tmp))
+        with NatLab() as lab:
+            procs, dialer = run_lab(lab, keys)
+            try:
+                first = dialer.event("first_byte")
+                out["relay_first_byte_ms"] = first["since_dial_ms"]
+                went = first if first["path"] == "direct" else dialer.event("path", timeout_s=20)
+                out["direct_after_ms"] = went["since_dial_ms"] if went["path"] == "direct" else None
+                out["direct_mbit_s"], path = one_way_mbit(dialer, size)
+                out["direct_path_held"] = path == "direct"
+            finally:
+                for p in procs:
+                    p.stop()
+            server = subprocess.Popen(lab.prefix("relay") + [PY, "-c", TCP_ECHO, lab.relay_ip],
+                                      stdout=subprocess.PIPE, text=True)
+            try:
+                server.stdout.readline()
+                r = subprocess.run(lab.prefix("a") + [PY, "-c", TCP_CLIENT, lab.relay_ip, str(size)],
+                                   capture_output=True, text=True, timeout=180)
+                out["tcp_mbit_s"] = float(r.stdout.strip())
+            finally:
+                server.kill()
+                server.wait()
+        with NatLab(random_fully=True) as lab:
+            procs, dialer = run_lab(lab, keys)
+            try:
+                dialer.event("first_byte")
+                time.sleep(6)  # punching gives up: the session stays relayed
+                out["relay_mbit_s"], path = one_way_mbit(dialer, size)
+                out["relayed_path"] = path
+            finally:
+                for p in procs:
+                    p.stop()
+    out["direct_to_tcp"] = round(out["direct_mbit_s"] / out["tcp_mbit_s"], 3) if out.get("tcp_mbit_s") else None
+    out["relay_to_tcp"] = round(out["relay_mbit_s"] / out["tcp_mbit_s"], 3) if out.get("tcp_mbit_s") else None
+    out["ssh_round_trip"] = "not measured: SSH does not run over DirectLink yet"
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=int, default=20, help="megabytes per throughput run (default 20)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    os.chdir(ROOT)
+    result = run_as_root("directlink", "the DirectLink NAT lab", run, args, why_not=netlab_missing)
+    if isinstance(result, int):
+        return result
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>22}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
