@@ -14,7 +14,7 @@ from ..agent.telemetry.simulated import default_override_path, write_simulated_l
 from ..client.local import LocalClient, find_socket
 from ..model.tenant import SHARE_HELP, validate_share
 from ..model.units import UnitError, parse_size
-from .common import fail, out, print_json, print_jobs_table, request, size, when
+from .common import err, fail, out, print_json, print_jobs_table, request, size, when
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 nodes_app = typer.Typer(add_completion=False, help="The cluster's nodes.", invoke_without_command=True)
@@ -223,6 +223,36 @@ def simulate_load(
     directory = Path(state_dir) if state_dir else Path(find_socket()).parent
     write_simulated_load(default_override_path(directory), index, used_vram_bytes=used_bytes, utilization_pct=util)
     out.print(f"simulated GPU {index}: used={used or '-'} util={util if util is not None else '-'}")
+
+
+directlink_app = typer.Typer(add_completion=False, help="DirectLink (docs/DIRECTLINK.md).")
+app.add_typer(directlink_app, name="directlink")
+
+
+CONFIG_HELP = "default: $MTGPU_CONFIG, else /etc/mtgpu/mtgpu.toml"
+
+
+@directlink_app.command("cluster-key")
+def directlink_cluster_key(config: Optional[str] = typer.Option(None, "--config", help=CONFIG_HELP)) -> None:
+    """Print this cluster's DirectLink key (public half) for a relay's operator:
+    mtgpu-relay --cluster CLUSTER_ID=KEY. Read from the config's cluster secret; no server needed."""
+    from ..config import ConfigError, load_config
+    from ..directlink.identity import cluster_key, endpoint_id
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        err.print(f"the config cannot be used:\n{e}", markup=False)
+        raise typer.Exit(2) from None
+    if cfg.CLUSTER_MODE != "cluster":
+        err.print("this node is standalone (CLUSTER_MODE): it has no cluster secret and no cluster key", markup=False)
+        raise typer.Exit(2)
+    path = cfg.secret_file_path
+    try:
+        secret = path.read_text().strip()
+    except OSError as e:
+        err.print(f"cannot read the cluster secret {path}: {e.strerror}; run this on a member, as root", markup=False)
+        raise typer.Exit(2) from None
+    print(f"{cfg.CLUSTER_ID}={endpoint_id(cluster_key(secret, cfg.CLUSTER_ID))}")
 
 
 def main() -> None:
