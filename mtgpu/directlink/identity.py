@@ -116,9 +116,16 @@ def sign_challenge(key: Ed25519PrivateKey, nonce: bytes) -> str:
     return base64.b64encode(key.sign(CHALLENGE_LABEL + nonce)).decode()
 
 
-def check_challenge(ident: str, nonce: bytes, signature: str) -> str | None:
+def signed_by(ident: str, signature: str, message: bytes) -> bool:
+    """Whether `signature` (base64) is the key `ident`'s over `message`."""
     try:
-        public_key_of(ident).verify(base64.b64decode(signature, validate=True), CHALLENGE_LABEL + nonce)
+        public_key_of(ident).verify(base64.b64decode(signature, validate=True), message)
     except (InvalidSignature, ValueError, CredentialError):
+        return False
+    return True
+
+
+def check_challenge(ident: str, nonce: bytes, signature: str) -> str | None:
+    if not signed_by(ident, signature, CHALLENGE_LABEL + nonce):
         return f"the endpoint did not prove that it holds the key of {ident[:16]}... (its challenge answer is wrong)"
     return None

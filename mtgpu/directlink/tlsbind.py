@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
 
-from .identity import CredentialError, endpoint_id, public_key_of
+from .identity import CredentialError, endpoint_id, public_key_of, signed_by
 
 # A UUID-based OID (2.25.<uuid as an integer>): needs no registration.
 BINDING_OID = x509.ObjectIdentifier("2.25.217535811290717364432419637233812394151")
@@ -75,8 +75,6 @@ def bound_id(cert_der: bytes) -> str:
 
 
 def check_dialer(ident: str, proof: str, my_fingerprint: bytes) -> str | None:
-    try:
-        public_key_of(ident).verify(base64.b64decode(proof, validate=True), DIALER_LABEL + my_fingerprint)
-    except (InvalidSignature, ValueError, CredentialError):
+    if not signed_by(ident, proof, DIALER_LABEL + my_fingerprint):
         return f"the dialer did not prove that it holds the key of {ident[:16]}..."
     return None

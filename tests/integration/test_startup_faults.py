@@ -30,6 +30,17 @@ def squatter():
         s.close()
 
 
+def fill_disk(path, block: int) -> None:
+    """Write zeros to `path` in `block`-byte writes until its filesystem is full."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * block)
+                f.flush()
+        except OSError:
+            pass
+
+
 def refused_start(node) -> str:
     """Start the node, expect it to exit with status 2; the output of that start."""
     node.start(wait=False)
@@ -80,13 +91,7 @@ def test_a_full_state_disk_refuses_a_submission_clearly_and_the_node_goes_on(ali
             first = node.submit_json(alice, "--wrap", "echo before")["job_id"]
             assert node.wait_state(first, {"completed", "failed"})["state"] == "completed"
             filler = node.state_dir / "filler"
-            with open(filler, "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * (1 << 20))
-                        f.flush()
-                except OSError:
-                    pass
+            fill_disk(filler, 1 << 20)
             # The journal's last page may still hold a line or two: submit until one is refused.
             accepted = []
             for _ in range(100):
@@ -153,13 +158,7 @@ def test_a_member_whose_state_disk_fills_stops_with_a_message_and_comes_back_who
         try:
             shutil.copytree(saved, victim.state_dir, symlinks=True, dirs_exist_ok=True)
             victim.start(timeout_s=60)
-            with open(victim.state_dir / "filler", "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * (1 << 16))
-                        f.flush()
-                except OSError:
-                    pass
+            fill_disk(victim.state_dir / "filler", 1 << 16)
             here = member_name(sched)
             ids = []
             for _ in range(400):  # each one is an entry in every member's journal
