@@ -215,6 +215,9 @@ class Job:
     # workspaces: what its member published and keeps: {"node": where its container (and
     # writable layer) is, "ports": {"8888": host port}, "token": ..., "container": name}
     ws: dict = field(default_factory=dict)
+    # the member's token for the submission that made it: a submission proposed again
+    # after a leader change (its outcome unknown) finds its jobs instead of adding copies
+    submit_key: str = ""
 
     def to_dict(self) -> dict:
         return {
@@ -239,6 +242,7 @@ class Job:
             "rank_exits": dict(self.rank_exits),
             "history": [dict(h) for h in self.history],
             "ws": dict(self.ws),
+            "submit_key": self.submit_key,
         }
 
     def rank_log_path(self, rank: int) -> str:
@@ -270,4 +274,5 @@ class Job:
             rank_exits=dict(d.get("rank_exits", {})),
             history=[dict(h) for h in d.get("history", ())],
             ws=dict(d.get("ws", {})),
+            submit_key=d.get("submit_key", ""),
         )

@@ -126,6 +126,7 @@ class StateMachine(TenantCommands):
         self.applied = 0  # count of commands applied (the journal sequence)
         self._queued: dict[int, None] = {}  # insertion-ordered set
         self._running: dict[int, None] = {}
+        self._by_key: dict[str, list[int]] = {}  # submission key -> the jobs it made
         self._commitments: dict[str, NodeCommitment] = {}
         self._handlers = {
             C.TENANT_ENSURE: self._tenant_ensure,
@@ -246,7 +247,12 @@ class StateMachine(TenantCommands):
         return node
 
     # ---------------------------------------------------------------- jobs
-    def _job_submit(self, tenant: str, uid: int, gid: int, spec: dict, at: float) -> dict:
+    def _job_submit(self, tenant: str, uid: int, gid: int, spec: dict, at: float, key: str = "") -> dict:
+        if key and key in self._by_key:  # proposed again after a leader change: it is in already
+            ids = self._by_key[key]
+            if self.jobs[ids[0]].tenant != tenant:
+                raise CommandRejected(f"submission key {key!r} belongs to another tenant")
+            return {"job_id": ids[0], "job_ids": list(ids)}
         job_spec = JobSpec.from_dict(spec)
         if tenant not in self.tenants:
             raise CommandRejected(f"unknown tenant {tenant!r}")
@@ -259,11 +265,13 @@ class StateMachine(TenantCommands):
             job = Job(
                 id=jid, tenant=tenant, uid=uid, gid=gid, spec=job_spec, submitted_at=at,
                 array_parent=first if job_spec.array else None, array_index=index,
-                log_path=f"logs/{uid}/{jid}.log",
+                log_path=f"logs/{uid}/{jid}.log", submit_key=key,
             )
             self.jobs[jid] = job
             self._queued[jid] = None
             ids.append(jid)
+        if key:
+            self._by_key[key] = ids
         self.tenants[tenant].last_seen_at = max(self.tenants[tenant].last_seen_at, at)
         return {"job_id": first, "job_ids": ids}
 
@@ -534,6 +542,11 @@ class StateMachine(TenantCommands):
         if not job.state.final:
             raise CommandRejected(f"job {job_id} is {job.state.value}; only finished jobs can be forgotten")
         del self.jobs[job_id]
+        ids = self._by_key.get(job.submit_key)
+        if ids is not None:
+            ids.remove(job_id)
+            if not ids:
+                del self._by_key[job.submit_key]
         return {}
 
     def _job(self, job_id: int) -> Job:
@@ -575,6 +588,8 @@ class StateMachine(TenantCommands):
             sm.jobs[job.id] = job
         for jid in sorted(sm.jobs):
             job = sm.jobs[jid]
+            if job.submit_key:
+                sm._by_key.setdefault(job.submit_key, []).append(jid)
             if job.state is JobState.QUEUED:
                 sm._queued[jid] = None
             elif job.state is JobState.RUNNING:

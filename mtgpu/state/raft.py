@@ -87,6 +87,7 @@ class _ReplicatedMachine(SyncObjConsumer):
             self.machine = StateMachine.from_dict(data["machine"])
 
 
+_IN_FLUX = (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.NOT_LEADER, FAIL_REASON.DISCARDED, FAIL_REASON.QUEUE_FULL)
 UNKNOWN_OUTCOME = ("this member changed its Raft role while the change was in flight: it may or may not "
                    "have been recorded (look before you repeat it)")
 
@@ -209,7 +210,7 @@ class RaftState:
         with self._pending_lock:
             pending, self._pending = self._pending, {}
         for callback in pending.values():
-            callback(None, ReplicationError(UNKNOWN_OUTCOME))
+            callback(None, ReplicationError(UNKNOWN_OUTCOME, in_flux=True))
 
     def caught_up(self) -> bool:
         """Whether the replica serves its own state (no reopen is still catching up)."""
@@ -263,7 +264,8 @@ class RaftState:
                 self._pending[key] = callback
                 consumer = self._consumer
         if reopening:
-            callback(None, ReplicationError("this member is changing its Raft role right now; try again in a moment"))
+            callback(None, ReplicationError("this member is changing its Raft role right now; try again in a moment",
+                                            in_flux=True))
             return
 
         def done(result, fail_reason):
@@ -276,7 +278,9 @@ class RaftState:
                 callback(None, ReplicationError("the cluster has no leader right now (an election is running, or "
                                                 "this member cannot reach a majority of the voters)"))
             else:
-                callback(None, ReplicationError(f"the cluster did not commit the change (reason {fail_reason})"))
+                # LEADER_CHANGED, NOT_LEADER, DISCARDED...: the leader changed under it
+                callback(None, ReplicationError(f"the cluster did not commit the change (reason {fail_reason})",
+                                                in_flux=fail_reason in _IN_FLUX))
 
         try:
             consumer.apply_command(command, callback=done)

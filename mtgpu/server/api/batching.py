@@ -5,18 +5,30 @@ clients submit at once, the submissions waiting at that moment are committed
 together as one `job.submit-batch.v1`, and each caller gets its own answer. A lone
 submission goes out at once: batching never adds a wait. Batches are proposed
 without waiting for the previous one, so replication is pipelined.
+
+A proposal that fails while the leader changes has an unknown outcome: the old
+leader may have replicated it, and the new one may commit it. Every submission
+carries a key the state machine remembers, so the batch is proposed again (for up
+to RETRY_FOR_S) and a submission that did get in answers with its jobs instead of
+adding copies: a submit during a failover or a scheduler move gets one answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
+import secrets
 import threading
+import time
 
 from ...state import commands as C
-from ...state.store import Store
+from ...state.store import ReplicationError, Store
 
 MAX_BATCH = 256
+RETRY_FOR_S = 12.0
+
+log = logging.getLogger(__name__)
 
 
 class _Pending:
@@ -50,7 +62,7 @@ class SubmitBatcher:
     async def submit(self, **args) -> dict:
         """Commit one submission (tenant, uid, gid, spec); returns its own answer."""
         loop = asyncio.get_running_loop()
-        pending = _Pending(args, loop, loop.create_future())
+        pending = _Pending({**args, "key": secrets.token_hex(16)}, loop, loop.create_future())
         self._queue.put(pending)
         return await pending.future
 
@@ -69,10 +81,59 @@ class SubmitBatcher:
             else:
                 cmd = C.command(C.JOB_SUBMIT_BATCH, at=self.clock(), submissions=[p.args for p in batch])
                 callback = _fan_out(batch)
-            try:
-                self.store.apply_async(cmd, callback)
-            except Exception as e:  # the store refused to even propose it
-                callback(None, e)
+            propose_until_decided(self.store, cmd, callback)
+
+
+async def commit_until_decided(store: Store, cmd: dict) -> dict:
+    """Await `cmd` (keyed or idempotent) committed, riding through a leader change."""
+    loop = asyncio.get_running_loop()
+    pending = _Pending({}, loop, loop.create_future())
+    propose_until_decided(store, cmd, pending.resolve)
+    return await pending.future
+
+
+def propose_until_decided(store: Store, cmd: dict, callback, retry_for_s: float | None = None) -> None:
+    """Propose `cmd` (which must be safe to apply twice: keyed or idempotent) and
+    propose it again while the cluster answers that its leader changed under it (the
+    outcome unknown: ReplicationError.in_flux); callback(result, error) runs once, with
+    the last error after `retry_for_s`."""
+    retry_for_s = RETRY_FOR_S if retry_for_s is None else retry_for_s
+    deadline = time.monotonic() + retry_for_s
+    tries = [0]
+    answered = threading.Lock()
+
+    def answer(result, error) -> None:
+        if answered.acquire(blocking=False):
+            watchdog.cancel()
+            callback(result, error)
+
+    def attempt() -> None:
+        try:
+            store.apply_async(cmd, done)
+        except Exception as e:  # the store refused to even propose it
+            done(None, e)
+
+    def done(result, error) -> None:
+        if error is None or not getattr(error, "in_flux", False):
+            answer(result, error)
+            return
+        tries[0] += 1
+        pause = min(0.2 * tries[0], 1.0)
+        if time.monotonic() + pause > deadline:
+            answer(None, ReplicationError(f"{error} (proposed {tries[0]} times in {retry_for_s:g} s)", in_flux=True))
+            return
+        log.info("proposing %s again in %.1f s: %s", cmd.get("cmd"), pause, error)
+        timer = threading.Timer(pause, attempt)
+        timer.daemon = True
+        timer.start()
+
+    # pysyncobj holds a proposal while it waits for a leader: answer anyway, in time
+    watchdog = threading.Timer(retry_for_s, lambda: answer(None, ReplicationError(
+        f"the cluster did not commit the change in {retry_for_s:g} s (no quorum reachable?); it may still be "
+        "recorded once a majority is back: look before you repeat it")))
+    watchdog.daemon = True
+    watchdog.start()
+    attempt()
 
 
 def _fan_out(batch: list[_Pending]):

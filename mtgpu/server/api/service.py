@@ -21,7 +21,7 @@ from ...state import commands as C
 from ...state.store import ReplicationError, commit
 from ..cluster.errors import ClusterSetupError
 from ...storage.quota import check_submission, detect_quota_backend, quota_warning
-from .batching import SubmitBatcher
+from .batching import SubmitBatcher, commit_until_decided
 from ...accounts.lookup import tenant_home_of
 from .identity import Caller
 from ..member.retention import apply_retention, retention_report
@@ -121,8 +121,11 @@ class MemberService:
         now = self.clock()
         t = machine.tenants.get(caller.name)
         if t is None or t.uid != caller.uid:
-            r = await run_in_threadpool(self.apply, C.TENANT_ENSURE, name=caller.name, uid=caller.uid,
-                                        gid=caller.gid, at=now)
+            try:
+                r = await commit_until_decided(self.store, C.command(C.TENANT_ENSURE, name=caller.name,
+                                                                     uid=caller.uid, gid=caller.gid, at=now))
+            except ReplicationError as e:
+                raise ServiceError(503, f"the cluster could not record this change: {e}") from None
             if not r["ok"]:
                 raise ServiceError(409, f"tenant {caller.name!r}: {r['error']}")
         try:
