@@ -24,6 +24,13 @@ from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, print_log
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
+@app.callback()
+def _options(home: Optional[Path] = typer.Option(None, "--home", help="the folder of servers.json and the key "
+                                                 "(default ~/.config/remotegpu, or $REMOTEGPU_HOME)")) -> None:
+    if home is not None:
+        os.environ["REMOTEGPU_HOME"] = str(home.absolute())
+
+
 def config_dir() -> Path:
     base = os.environ.get("REMOTEGPU_HOME") or os.path.join(os.path.expanduser("~"), ".config", "remotegpu")
     return Path(base)
@@ -89,6 +96,7 @@ def join(
              "node": r["node"], "uid": r["uid"]}
     servers = [s for s in _servers() if s["server"] != server] + [entry]
     _save_servers(servers)
+    _refresh_directlink(entry, quiet=True)
     if json_out:
         print_json(r)
     else:
@@ -237,6 +245,85 @@ def forward(
         os.execvp("ssh", argv)
     except OSError as e:
         fail(f"could not run ssh: {e}", 1)
+
+
+# ------------------------------------------------------------ DirectLink
+def _refresh_directlink(entry: dict, quiet: bool = False) -> dict | None:
+    """Ask the server for its DirectLink details (relays, a credential for our key, the
+    nodes) and keep them in the entry; the stored ones when it cannot be reached."""
+    from ..client.directlink import endpoint_id
+    from ..client.errors import ClientError
+    try:
+        ident = endpoint_id(load_private_key(Path(entry["key"])))
+        with _client(entry) as c:
+            info = c.directlink(ident)
+    except (ClientError, BadKey, OSError) as e:
+        if not quiet:
+            print(f"remotegpu: {entry['server']} cannot be asked now ({e}); using what was kept", file=sys.stderr)
+        return entry.get("directlink")
+    entry["directlink"] = info
+    _save_servers([entry if s["server"] == entry["server"] else s for s in _servers()])
+    return info
+
+
+def _entry_of_cluster(cluster: Optional[str]) -> dict:
+    servers = _servers()
+    for s in servers:
+        if cluster in (None, s["cluster_id"]) and s.get("directlink"):
+            return s
+    fail(f"no joined cluster {cluster or ''} with DirectLink details: run `remotegpu-cli ssh-config` where a node "
+         "is reachable", 2)
+
+
+@app.command()
+def proxy(node: str = typer.Argument(..., help="the node (NODE or NODE.CLUSTER)"),
+          cluster: Optional[str] = typer.Option(None, "--cluster", help="the cluster id (default: the first joined)"),
+          service: str = typer.Option("ssh", "--service", help="ssh (the node's tenant sshd) or api"),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="say nothing on stderr")) -> None:
+    """Connect stdin/stdout to a node's sshd through DirectLink, for ssh's ProxyCommand
+    (`remotegpu-cli ssh-config` writes it). Says on stderr whether it is relayed or direct."""
+    import asyncio
+
+    from ..client import directlink as dl
+    from ..client.errors import ClientError
+    entry = _entry_of_cluster(cluster)
+    try:
+        info = dl.check_usable(entry.get("directlink"), entry["server"])
+        code = asyncio.run(dl.proxy(info, Path(entry["key"]), node, service, quiet))
+    except ClientError as e:
+        fail(str(e), 1)
+    raise typer.Exit(code)
+
+
+@app.command("ssh-config")
+def ssh_config(
+    file: Path = typer.Option(Path.home() / ".ssh" / "config", "--file", help="the ssh config to write into"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Write a Host NODE.CLUSTER for every node of every cluster you joined into your
+    ssh config (one marked block, replaced on each run), going through DirectLink, with
+    the nodes' host keys pinned in ~/.config/remotegpu/known_hosts: then plain `ssh`,
+    `scp` and VS Code Remote-SSH reach the nodes from anywhere."""
+    from ..client import sshconfig
+    entries = []
+    for entry in _servers():
+        info = _refresh_directlink(entry)
+        if not info or not info.get("enabled"):
+            print(f"remotegpu: {entry['server']} ({entry['cluster_id']}) has no DirectLink relay: skipped",
+                  file=sys.stderr)
+            continue
+        entries.append({"cluster": info["cluster_id"], "tenant": entry["tenant"], "key": entry["key"],
+                        "nodes": info["nodes"]})
+    home = os.environ.get("REMOTEGPU_HOME")
+    try:
+        sshconfig.write(file, config_dir() / "known_hosts.directlink", entries, home)
+    except (OSError, ValueError) as e:
+        fail(f"cannot write {file}: {e}", 1)
+    hosts = [sshconfig.host_alias(n["name"], e["cluster"]) for e in entries for n in e["nodes"]]
+    if json_out:
+        print_json({"file": str(file), "hosts": hosts})
+    else:
+        out.print(f"{file}: " + (", ".join(hosts) or "no hosts") + (" (ssh HOST)" if hosts else ""), markup=False)
 
 
 def main() -> None:

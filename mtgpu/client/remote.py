@@ -63,6 +63,10 @@ class RemoteClient:
     def join(self, code: str, public_key: str) -> dict:
         return self._call("POST", "/v1/join", {"code": code, "key": public_key}, signed=False)
 
+    def directlink(self, ident: str) -> dict:
+        """Relays, a credential for the key `ident` and the members' ids (docs/DIRECTLINK.md)."""
+        return self._call("GET", "/v1/directlink", params={"id": ident})
+
     def me(self) -> dict:
         return self._call("GET", "/v1/me")
 

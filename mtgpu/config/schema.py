@@ -422,6 +422,34 @@ def _unique_interpreter_names(value: list[PythonInterpreter]) -> list[PythonInte
     return value
 
 
+def _unique_relays(value: list[str]) -> list[str]:
+    if len(set(value)) != len(value):
+        raise _bad(f"relays = {value!r} names a relay twice; list each once")
+    return value
+
+
+def _relay_listen(value: str) -> str:
+    return value if value == "" else _listen_address(value)
+
+
+class DirectLinkConfig(BaseModel):
+    """`[DIRECTLINK]`: reaching this node through NAT with no open port (docs/DIRECTLINK.md).
+    With no relay, nothing changes: clients and members reach LISTEN and SSH_LISTEN
+    directly as before."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(
+        True, strict=True, description="connect to `relays` and take tenants' sessions through them (SSH to "
+                                       "this node's tenant sshd, the tenant API); off: no DirectLink at all")
+    relays: Annotated[list[PeerAddress], AfterValidator(_unique_relays)] = Field(
+        default_factory=list, description="relays (host:port of an `mtgpu-relay` or of a member's relay_listen) this "
+                                          "node stays connected to, tried in order; clients are given the same list")
+    relay_listen: Annotated[str, AfterValidator(_relay_listen)] = Field(
+        "", description="also serve as a relay for this cluster on this address (TCP, and UDP for address "
+                        "answers, on the same port): a member with a public address; \"\" none")
+
+
 # ---------------------------------------------------------------- the file
 
 
@@ -476,6 +504,8 @@ class Config(BaseModel):
         (200000, 299999), description="UIDs/GIDs handed to tenants, the same on every node"
     )
     CONTAINERS: ContainersConfig = Field(default_factory=ContainersConfig, description="container workspaces and jobs")
+    DIRECTLINK: DirectLinkConfig = Field(default_factory=DirectLinkConfig,
+                                         description="connections through NAT via relays, end to end encrypted")
     GPU_POLICY: GpuPolicyConfig = Field(default_factory=GpuPolicyConfig,
                                         description="what is done to a shared-mode job above its VRAM reservation")
     SIMULATED_GPUS: list[SimulatedGpu] = Field(
@@ -510,6 +540,15 @@ class Config(BaseModel):
         if value is None and info.data.get("CLUSTER_MODE") == "cluster":
             raise _bad('is required when CLUSTER_MODE = "cluster", e.g. CLUSTER_ID = "lab-a"')
         return value
+
+    @model_validator(mode="after")
+    def _directlink_needs_a_cluster(self) -> "Config":
+        dl = self.DIRECTLINK
+        if self.CLUSTER_MODE != "cluster" and dl.enabled and (dl.relays or dl.relay_listen):
+            raise _cross([("DIRECTLINK", "relays" if dl.relays else "relay_listen",
+                           "DirectLink needs CLUSTER_MODE = \"cluster\" (its keys come from the cluster secret); "
+                           "a machine alone is a cluster of one: set CLUSTER_MODE = \"cluster\" and a CLUSTER_ID")])
+        return self
 
     @model_validator(mode="after")
     def _resolve_defaults(self) -> "Config":
@@ -562,6 +601,7 @@ SECTION_MODELS: dict[tuple[str, ...], type[BaseModel]] = {
     (): Config,
     ("CONTAINERS",): ContainersConfig,
     ("GPU_POLICY",): GpuPolicyConfig,
+    ("DIRECTLINK",): DirectLinkConfig,
     ("SIMULATED_GPUS",): SimulatedGpu,
     ("PYTHON_INTERPRETERS",): PythonInterpreter,
 }

@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 TO_RESPONDER, TO_DIALER = b"\x00", b"\x01"
 
 
+def is_new_dial(session: Session, datagram: bytes) -> bool:
+    """Whether `datagram` opens another connection than `session`'s: a QUIC Initial
+    packet to a destination id the session did not start with. (A set-up session never
+    gets Initials of its own: the dialer drops its Initial keys during the handshake.)"""
+    if len(datagram) < 7 or datagram[0] & 0xF0 != 0xC0:  # long header, fixed bit, type Initial
+        return False
+    length = datagram[5]
+    dcid = datagram[6:6 + length]
+    return dcid != session.original_dcid
+
+
 class Endpoint:
     def __init__(self, key: Ed25519PrivateKey, relay: RelayConnection,
                  on_stream: Callable[[Session, Stream], Awaitable[None]] | None = None,
@@ -169,6 +180,8 @@ class Endpoint:
                         s.feed(datagram)
                 elif tag == TO_RESPONDER:
                     s = self.answered.get(src)
+                    if s is not None and not s.closed.is_set() and s.ready.is_set() and is_new_dial(s, datagram):
+                        s.close("the peer dialled again")  # it restarted: its old session is gone
                     if s is None or s.closed.is_set():
                         s = self.answered[src] = Session.answer(self.tls, src, datagram, lambda d: None,
                                                                 self._stream_for(src), self.admit)

@@ -118,6 +118,7 @@ class Session:
         self._tasks: set[asyncio.Task] = set()
         self.on_control: Callable[["Session", dict], None] | None = None
         self.path = "relay"  # or "direct": which path carries the datagrams now (set by the endpoint)
+        self.original_dcid = b""  # the responder's: the destination id the dialer's first packet had
 
     # ------------------------------------------------------------ set-up
     @classmethod
@@ -135,7 +136,9 @@ class Session:
         header = pull_quic_header(Buffer(data=first_datagram), host_cid_length=8)
         conn = QuicConnection(configuration=configuration(tls, dialer=False),
                               original_destination_connection_id=header.destination_cid)
-        return cls(tls, peer_id, False, send, conn, on_stream, admit)
+        s = cls(tls, peer_id, False, send, conn, on_stream, admit)
+        s.original_dcid = header.destination_cid
+        return s
 
     async def wait_ready(self, timeout_s: float = 15.0) -> None:
         done = asyncio.ensure_future(self.ready.wait())

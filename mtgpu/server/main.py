@@ -118,15 +118,35 @@ async def _serve(service: MemberService, config: Config, public_sock: socket.soc
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def start_directlink(config: Config, service: MemberService):
+    """The member's DirectLink side, when [DIRECTLINK] names a relay or relay_listen."""
+    dl = config.DIRECTLINK
+    if not (config.is_cluster and dl.enabled and (dl.relays or dl.relay_listen)):
+        return None
+    from .member.directlink import MemberDirectLink
+    secret = Path(config.secret_file_path).read_text().strip()
+    try:
+        link = MemberDirectLink(config, service.member, secret)
+    except ValueError as e:
+        raise ClusterSetupError(f"[DIRECTLINK]: {e}") from None
+    service.member.directlink_id = link.id
+    service.directlink = link
+    link.start()
+    return link
+
+
 def run_node(config: Config) -> int:
     public_sock = take_ports(config)  # a port in use stops the start here, before anything is announced
     try:
         service = build_service(config)
+        link = start_directlink(config, service)
         service.member.start()
         try:
             asyncio.run(_serve(service, config, public_sock))
         finally:
             service.member.stop()
+            if link is not None:
+                link.stop()
     finally:
         public_sock.close()
     return 0

@@ -52,6 +52,9 @@ class NodeRecord:
     # None: containers off here; else {"images": [offered], "staged": {name: digest},
     # "failed": {name: why}, "user_images": bool}
     containers: dict | None = None
+    # {"id": its DirectLink id (hex ed25519), "ssh_host_key": its tenant sshd's public host
+    # key line}: how clients reach it through a relay and pin it; None: not through DirectLink
+    directlink: dict | None = None
 
     @property
     def unavailable_reason(self) -> str:
@@ -76,6 +79,7 @@ class NodeRecord:
             "down": self.down,
             "down_reason": self.down_reason,
             "containers": self.containers,
+            "directlink": self.directlink,
         }
 
     @classmethod
@@ -92,6 +96,7 @@ class NodeRecord:
             down=d.get("down", False),
             down_reason=d.get("down_reason", ""),
             containers=d.get("containers"),
+            directlink=d.get("directlink"),
         )
 
 
@@ -188,15 +193,18 @@ class StateMachine(TenantCommands):
 
     # ---------------------------------------------------------------- tenants and nodes
     def _node_register(self, name: str, gpus: list, cpus: float, mem_total_bytes: int,
-                       at: float, address: str = "", containers: dict | None = None) -> dict:
+                       at: float, address: str = "", containers: dict | None = None,
+                       directlink: dict | None = None) -> dict:
         old = self.nodes.get(name)
         if containers is not None:
             containers = {"images": [str(i) for i in containers.get("images", [])],
                           "staged": {str(k): str(v) for k, v in dict(containers.get("staged") or {}).items()},
                           "failed": {str(k): str(v)[:500] for k, v in dict(containers.get("failed") or {}).items()},
                           "user_images": bool(containers.get("user_images", False))}
+        if directlink is not None:
+            directlink = {"id": str(directlink["id"]), "ssh_host_key": str(directlink.get("ssh_host_key", ""))[:400]}
         rec = NodeRecord(name, [GpuInventory(**g) for g in gpus], float(cpus), int(mem_total_bytes),
-                         address=address, registered_at=at, containers=containers)
+                         address=address, registered_at=at, containers=containers, directlink=directlink)
         if old is not None:
             rec.drained, rec.drain_reason, rec.registered_at = old.drained, old.drain_reason, old.registered_at
             rec.down, rec.down_reason = old.down, old.down_reason

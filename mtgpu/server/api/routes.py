@@ -240,6 +240,11 @@ def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
         return {"name": t.name, "uid": t.uid, "gid": t.gid, "clusters": t.clusters, "cluster_id": tenants.cluster_id,
                 "node": service.node_name}
 
+    @app.get("/v1/directlink")
+    async def directlink(request: Request, id: str = "") -> dict:
+        who = await identify(request)
+        return await run_in_threadpool(tenants.directlink, who, id)
+
     add_job_routes(app, service, identify)
 
     if service.member.link.is_cluster:

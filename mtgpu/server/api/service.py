@@ -64,6 +64,7 @@ class MemberService:
         self.state_dir = member.state_dir
         self.store = member.store
         self.batcher = SubmitBatcher(member.store, member.clock)
+        self.directlink = None  # server/member/directlink.MemberDirectLink when [DIRECTLINK] has relays
         self.disk = None
         if member.config.USER_DISK_LIMIT:
             choice = detect_quota_backend(member.config.TENANT_HOME_ROOT)

@@ -121,6 +121,29 @@ class TenantService:
         return {"name": r["name"], "uid": r["uid"], "gid": r["gid"], "clusters": r["clusters"],
                 "cluster_id": self.cluster_id, "node": self.config.NODE_NAME}
 
+    # ------------------------------------------------------------ DirectLink
+    def directlink(self, caller: Caller, ident: str) -> dict:
+        """What a tenant's client needs to reach the members through a relay: the relays,
+        a credential for its key `ident` (one of the keys it joined with), and every
+        member's DirectLink id and sshd host key (docs/DIRECTLINK.md)."""
+        from ...directlink.identity import TENANT_CREDENTIAL_S, issue
+        from ..member.directlink import openssh_key_id
+        link = self.service.directlink
+        if link is None:
+            return {"enabled": False, "cluster_id": self.cluster_id, "relays": [], "nodes": []}
+        with self.store.lock:
+            keys = list(self.store.machine.tenants[caller.name].keys)
+            nodes = [{"name": n.name, "id": n.directlink["id"], "ssh_host_key": n.directlink.get("ssh_host_key", "")}
+                     for n in self.store.machine.nodes.values() if n.directlink]
+        if ident not in {openssh_key_id(k) for k in keys}:
+            raise ServiceError(422, f"refused: {ident[:80]!r} is not the DirectLink id of a key tenant {caller.name!r} "
+                                    "joined with (the id is the raw ed25519 public key, 64 hex digits)", refused=True)
+        cred = issue(link.cluster_priv, link.cluster_id, ident, "tenant", caller.name, TENANT_CREDENTIAL_S,
+                     now=self.service.clock())
+        ssh_port = self.config.ssh_listen_host_port()[1]
+        return {"enabled": True, "cluster_id": link.cluster_id, "relays": list(link.settings.relays),
+                "credential": cred.to_dict(), "nodes": sorted(nodes, key=lambda n: n["name"]), "ssh_port": ssh_port}
+
     # ------------------------------------------------------------ signed requests
     def identify(self, method: str, path: str, body: bytes, headers) -> Caller:
         """The tenant a signed network request comes from, or ServiceError(401/403)."""

@@ -62,6 +62,7 @@ class Member:
         self._thread: threading.Thread | None = None
         self._last_telemetry = -1e18
         self._next_schedule_at = 0.0
+        self.directlink_id = ""  # set by the DirectLink service (server/member/directlink.py) before start
 
     # ------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -152,6 +153,16 @@ class Member:
         staged), not at the next telemetry pass: True once committed here."""
         return self._register() is not False
 
+    def _directlink_record(self) -> dict | None:
+        """How clients reach this member through a relay, and its sshd's host key to pin."""
+        if not self.directlink_id:
+            return None
+        try:
+            host_key = " ".join((self.state_dir / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+        except OSError:  # no tenant yet, so no sshd yet: the next registration has it
+            host_key = ""
+        return {"id": self.directlink_id, "ssh_host_key": host_key}
+
     def _register(self) -> bool | None:
         """Record (or update) this member's inventory in the durable state: False when the
         change could not be committed now (the next pass tries again)."""
@@ -160,7 +171,8 @@ class Member:
                 for g in tel.gpus]
         wanted = {"gpus": gpus, "cpus": float(tel.host.cpu_count), "mem_total_bytes": tel.host.mem_total_bytes,
                   "address": self.config.LISTEN,
-                  "containers": self.agent.containers.capabilities() if self.agent.containers else None}
+                  "containers": self.agent.containers.capabilities() if self.agent.containers else None,
+                  "directlink": self._directlink_record()}
         rec = self.store.machine.nodes.get(self.node_name)
         if rec is not None and all(rec.to_dict()[k] == v for k, v in wanted.items()):
             return True

@@ -1,0 +1,145 @@
+"""A tenant's client side of DirectLink (docs/DIRECTLINK.md): a session to a member
+through the cluster's relay (direct when the NATs allow), and the byte pipe that
+`remotegpu-cli proxy` gives ssh as its ProxyCommand.
+
+What it needs comes from the cluster (GET /v1/directlink, fetched at `join` and by
+`ssh-config`) and is kept in the server's entry of servers.json: the relays, a
+credential for the tenant's key, and each member's id and sshd host key. Only the
+standard library's threads and asyncio are used for the pipe (no Unix-only calls), so
+it runs on Windows and macOS too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..directlink.endpoint import Endpoint
+from ..directlink.identity import Credential, endpoint_id
+from ..directlink.relay_client import RelayConnection, RelayRefused
+from ..directlink.services import ServiceRefused, open_service
+from ..directlink.session import SessionError
+from .errors import ClientError
+from .signing import load_private_key
+
+
+def node_of(info: dict, name: str) -> dict:
+    for n in info.get("nodes", []):
+        if name in (n["name"], f"{n['name']}.{info.get('cluster_id')}"):
+            return n
+    have = ", ".join(n["name"] for n in info.get("nodes", [])) or "none"
+    raise ClientError(f"no node {name!r} reachable through DirectLink in {info.get('cluster_id')!r} (nodes: {have}); "
+                      "`remotegpu-cli ssh-config` fetches the list again")
+
+
+def check_usable(info: dict | None, where: str) -> dict:
+    if not info or not info.get("enabled"):
+        raise ClientError(f"{where} has no DirectLink relay (its [DIRECTLINK] relays is empty): reach it directly")
+    cred = Credential.from_dict(info["credential"])
+    if cred.expires < time.time():
+        raise ClientError(f"your DirectLink credential for {cred.cluster} expired: run `remotegpu-cli ssh-config` "
+                          "where a node is reachable to get a new one")
+    return info
+
+
+async def connect(info: dict, key_path: Path, node: str, say=lambda text: None):
+    """(endpoint, session) with `node`, through the first relay that admits this key."""
+    key = load_private_key(key_path)
+    target = node_of(info, node)
+    cred = Credential.from_dict(info["credential"])
+    if cred.id != endpoint_id(key):
+        raise ClientError(f"the stored DirectLink credential is for another key than {key_path}: "
+                          "run `remotegpu-cli ssh-config` again")
+    problems = []
+    for address in info.get("relays", []):
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        try:
+            ip = (await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM))[0][4][0]
+            relay = await RelayConnection.open(ip, int(port), key, cred)
+        except (RelayRefused, OSError, asyncio.TimeoutError, ValueError) as e:
+            problems.append(f"{address}: {e or type(e).__name__}")
+            continue
+        ep = Endpoint(key, relay)
+        try:
+            await ep.enable_direct((ip, int(port)))
+        except OSError:
+            pass  # relayed only
+        try:
+            session = await ep.dial(target["id"], timeout_s=20)
+        except SessionError as e:
+            await ep.close()
+            problems.append(f"{address}: {e}")
+            continue
+        say(f"remotegpu: {target['name']} through the relay {address}")
+        return ep, session
+    raise ClientError(f"cannot reach {node} through DirectLink: " + ("; ".join(problems) or "no relay listed"))
+
+
+def _stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+    fd = sys.stdin.fileno()
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        loop.call_soon_threadsafe(queue.put_nowait, data)
+        if not data:
+            return
+
+
+async def proxy(info: dict, key_path: Path, node: str, svc: str = "ssh", quiet: bool = False) -> int:
+    """Pipe stdin/stdout to `svc` on `node` until either side ends. Says on stderr which
+    path carries it (relayed, then direct when it moves)."""
+
+    def say(text: str) -> None:
+        if not quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    ep, session = await connect(info, key_path, node, say)
+    try:
+        stream = await open_service(session, svc)
+    except (ServiceRefused, SessionError) as e:
+        await ep.close()
+        raise ClientError(f"{node} did not open {svc}: {e}") from None
+    loop = asyncio.get_running_loop()
+    incoming: asyncio.Queue[bytes] = asyncio.Queue()
+    threading.Thread(target=_stdin_reader, args=(loop, incoming), daemon=True).start()
+    out = sys.stdout.buffer
+
+    async def up() -> None:
+        while data := await incoming.get():
+            stream.write(data)
+            await stream.drain()
+        stream.end()
+
+    async def down() -> None:
+        while data := await stream.read():
+            await loop.run_in_executor(None, lambda d=data: (out.write(d), out.flush()))
+
+    async def watch() -> None:
+        last = session.path
+        say(f"remotegpu: path {last}")
+        while True:
+            await asyncio.sleep(0.2)
+            if session.path != last:
+                last = session.path
+                say(f"remotegpu: path {last}")
+
+    watcher = asyncio.ensure_future(watch())
+    sender = asyncio.ensure_future(up())
+    try:
+        await down()  # the node ended the stream (ssh closed)
+    except SessionError as e:
+        say(f"remotegpu: the session with {node} ended: {e}")
+        return 1
+    finally:
+        watcher.cancel()
+        sender.cancel()
+        await ep.close()
+    return 0
