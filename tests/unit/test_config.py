@@ -431,3 +431,33 @@ def test_gpu_policy_is_checked_and_defaults_to_stop_after_30s():
     assert "GPU_POLICY.vram_overuse" in only_problem({"GPU_POLICY": {"vram_overuse": "kill"}})
     problem = only_problem({"GPU_POLICY": {"vram_grace": "2d"}})
     assert problem.startswith("GPU_POLICY.vram_grace") and "1s to 1h" in problem, problem
+
+
+# ---------------------------------------------------------------- [DIRECTLINK]
+
+
+def test_directlink_defaults_and_a_full_section():
+    c = config_from_dict({})
+    assert c.DIRECTLINK.enabled is True and c.DIRECTLINK.relays == [] and c.DIRECTLINK.relay_listen == ""
+    c = config_from_dict({"CLUSTER_MODE": "cluster", "CLUSTER_ID": "lab",
+                          "DIRECTLINK": {"relays": ["relay.example.org:7443", "[2001:db8::1]:7443"],
+                                         "relay_listen": "0.0.0.0:7443"}})
+    assert c.DIRECTLINK.relays[1] == "[2001:db8::1]:7443" and c.DIRECTLINK.relay_listen == "0.0.0.0:7443"
+
+
+@pytest.mark.parametrize("section, fragment", [
+    ({"relays": ["relay.example.org"]}, "DIRECTLINK.relays[0]"),
+    ({"relays": ["r:7443", "r:7443"]}, "names a relay twice"),
+    ({"relay_listen": "7443"}, "DIRECTLINK.relay_listen"),
+    ({"enabled": "yes"}, "DIRECTLINK.enabled"),
+    ({"relay": ["r:7443"]}, "unknown key 'DIRECTLINK.relay' (did you mean 'relays'?"),
+])
+def test_directlink_bad_values_name_the_key(section, fragment):
+    problem = only_problem({"CLUSTER_MODE": "cluster", "CLUSTER_ID": "lab", "DIRECTLINK": section})
+    assert fragment in problem, problem
+
+
+def test_directlink_relays_on_a_standalone_node_are_refused_with_the_fix():
+    problem = only_problem({"DIRECTLINK": {"relays": ["r:7443"]}})
+    assert "CLUSTER_MODE = \"cluster\"" in problem and "cluster of one" in problem, problem
+    assert config_from_dict({"DIRECTLINK": {"enabled": False, "relays": ["r:7443"]}}).DIRECTLINK.enabled is False
