@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -65,6 +66,20 @@ def _server(name: Optional[str]) -> dict:
 
 
 def _client(entry: dict) -> RemoteClient:
+    """A client of the entry's server: straight to it when it answers, else through
+    DirectLink to the same node (said on stderr, with the path: relayed or direct)."""
+    info = entry.get("directlink") or {}
+    if info.get("enabled"):
+        from ..client import directlink as dl
+        if not dl.reachable(entry["server"]):
+            dl.check_usable(info, entry["server"])
+            tunnel = dl.Tunnel(info, Path(entry["key"]), entry["node"])
+            host, port = tunnel.start()
+            print(f"remotegpu: {entry['server']} does not answer directly; through DirectLink to {entry['node']} "
+                  f"({'direct' if tunnel.path == 'direct' else 'relayed'})", file=sys.stderr, flush=True)
+            client = RemoteClient(f"{host}:{port}", entry["tenant"], Path(entry["key"]))
+            client.on_close = tunnel.close
+            return client
     return RemoteClient(entry["server"], entry["tenant"], Path(entry["key"]))
 
 
@@ -194,6 +209,30 @@ def _ssh_base(entry: dict, host: str, port: int) -> list[str]:
             "-o", f"UserKnownHostsFile={config_dir() / 'known_hosts'}", "-i", entry["key"], "-p", str(port)]
 
 
+def _ssh_route(entry: dict, ws: dict) -> tuple[list[str], str]:
+    """(ssh and its options, host) for the tenant sshd of the workspace's node: straight
+    to it when it answers, else through DirectLink (`remotegpu-cli proxy`, host key pinned)."""
+    info = entry.get("directlink") or {}
+    node = ws["workspace"]["node"]
+    address = ws["workspace"]["node_address"] or entry["server"]
+    if info.get("enabled") and any(n["name"] == node for n in info.get("nodes", [])):
+        from ..client import directlink as dl
+        from ..client import sshconfig
+        if not dl.reachable(address):
+            alias = sshconfig.host_alias(node, info["cluster_id"])
+            home = os.environ.get("REMOTEGPU_HOME")
+            proxy = sshconfig.proxy_command_argv() + (["--home", home] if home else []) + [
+                "proxy", "--cluster", info["cluster_id"], node]
+            known = config_dir() / "known_hosts.directlink"
+            if not known.exists():
+                known.write_text(sshconfig.known_hosts_text([{"cluster": info["cluster_id"], "nodes": info["nodes"]}]))
+            return ["ssh", "-o", "IdentitiesOnly=yes", "-o", f"ProxyCommand={shlex.join(proxy)}",
+                    "-o", f"HostKeyAlias={alias}", "-o", f"UserKnownHostsFile={known}",
+                    "-o", "StrictHostKeyChecking=yes", "-i", entry["key"]], alias
+    host, port = ssh_target(entry, ws)
+    return _ssh_base(entry, host, port), host
+
+
 @app.command()
 def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, help="run this instead of a terminal"),
           server: Optional[str] = typer.Option(None, "--server")) -> None:
@@ -203,8 +242,8 @@ def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, he
     ws = request(lambda: _client(entry), lambda c: c.workspace(workspace))
     if ws["state"] != "running":
         fail(f"workspace {workspace} is {ws['state']}" + (f" ({ws['reason']})" if ws["reason"] else ""), 1)
-    host, ssh_port = ssh_target(entry, ws)
-    argv = _ssh_base(entry, host, ssh_port) + ["-o", f"SetEnv=MTGPU_WORKSPACE={ws['workspace']['name']}"]
+    base, host = _ssh_route(entry, ws)
+    argv = base + ["-o", f"SetEnv=MTGPU_WORKSPACE={ws['workspace']['name']}"]
     argv += ["-t"] if not command else []
     argv += [f"{entry['tenant']}@{host}", *(command or [])]
     try:
@@ -230,9 +269,9 @@ def forward(
     if not found or not found[0]["host_port"]:
         have = ", ".join(str(p["port"]) for p in ws["workspace"]["ports"]) or "none"
         fail(f"workspace {workspace} publishes no port {port} (its ports: {have}); create it with --port {port}", 2)
-    host, ssh_port = ssh_target(entry, ws)
+    base, host = _ssh_route(entry, ws)
     local = local_port or port
-    argv = _ssh_base(entry, host, ssh_port) + ["-N", "-o", "ExitOnForwardFailure=yes",
+    argv = base + ["-N", "-o", "ExitOnForwardFailure=yes",
                                                "-L", f"127.0.0.1:{local}:127.0.0.1:{found[0]['host_port']}",
                                                f"{entry['tenant']}@{host}"]
     if dry_run:

@@ -143,3 +143,80 @@ async def proxy(info: dict, key_path: Path, node: str, svc: str = "ssh", quiet: 
         sender.cancel()
         await ep.close()
     return 0
+
+
+class Tunnel:
+    """A loopback TCP port whose connections reach a node's `svc` (its API) through one
+    DirectLink session, served by a thread of its own: the client's HTTP code stays as
+    it is and talks to 127.0.0.1."""
+
+    def __init__(self, info: dict, key_path: Path, node: str, svc: str = "api") -> None:
+        self.info, self.key_path, self.node, self.svc = info, key_path, node, svc
+        self.address: tuple[str, int] | None = None
+        self.session = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._error: Exception | None = None
+
+    @property
+    def path(self) -> str:
+        return self.session.path if self.session is not None else "none"
+
+    def start(self, timeout_s: float = 40.0) -> tuple[str, int]:
+        threading.Thread(target=self._run, name="remotegpu-tunnel", daemon=True).start()
+        if not self._ready.wait(timeout_s):
+            raise ClientError(f"no DirectLink session with {self.node} within {timeout_s:g}s")
+        if self._error is not None:
+            raise self._error
+        return self.address
+
+    def _run(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._open())
+        except Exception as e:  # noqa: BLE001 - given to the caller of start()
+            self._error = e if isinstance(e, ClientError) else ClientError(f"DirectLink: {e}")
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def _open(self) -> None:
+        from ..directlink.services import pipe
+        self._endpoint, self.session = await connect(self.info, self.key_path, self.node)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                stream = await open_service(self.session, self.svc)
+            except (ServiceRefused, SessionError):
+                writer.close()
+                return
+            await pipe(stream, reader, writer)
+
+        self._server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.address = self._server.sockets[0].getsockname()[:2]
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return
+
+        async def shut() -> None:
+            self._server.close()
+            await self._endpoint.close()
+            loop.stop()
+        asyncio.run_coroutine_threadsafe(shut(), loop)
+
+
+def reachable(server: str, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to HOST:PORT opens now (else DirectLink is tried)."""
+    host, _, port = server.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False

@@ -22,9 +22,12 @@ class RemoteClient:
         self.tenant = tenant
         self._key = load_private_key(key_path) if key_path is not None else None
         self._http = httpx.Client(base_url=f"http://{server}", timeout=timeout_s)
+        self.on_close = None  # e.g. the DirectLink tunnel it goes through
 
     def close(self) -> None:
         self._http.close()
+        if self.on_close is not None:
+            self.on_close()
 
     def __enter__(self) -> "RemoteClient":
         return self

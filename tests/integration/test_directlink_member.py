@@ -2,7 +2,8 @@
 network A connects out to a relay on the "public" network; a tenant's computer in
 private network B, which cannot reach A, runs plain `ssh` with the block
 `remotegpu-cli ssh-config` wrote, and a command runs on the node through `remotegpu-cli
-proxy` (pinned host key, the tenant's own account). An endpoint the member does not know
+proxy` (pinned host key, the tenant's own account), and `remotegpu-cli` commands reach
+the tenant API through the same relay. An endpoint the member does not know
 is refused, and the relay itself refuses one with no credential of the cluster."""
 
 from __future__ import annotations
@@ -106,6 +107,18 @@ def test_ssh_from_behind_another_nat_reaches_a_member_through_the_relay(tmp_path
                     assert words[:2] == [mark, name], r.stdout
                     assert lab.host_ip["a"] in words[2:], r.stdout  # it ran in site A
                     assert "remotegpu: gpu-a through the relay" in r.stderr and "remotegpu: path " in r.stderr
+                    # The tenant API goes the same way: whoami, a job submitted and its log read.
+                    r = remotegpu(lab, "b", home, "whoami", "--json", timeout_s=90)
+                    assert r.returncode == 0 and json.loads(r.stdout)["name"] == name, r.stderr
+                    assert "through DirectLink to gpu-a" in r.stderr, r.stderr
+                    job = home / "job.sh"
+                    job.write_text(f"#!/bin/bash\necho job-{mark}\n")
+                    r = remotegpu(lab, "b", home, "submit", str(job), "--json", timeout_s=90)
+                    assert r.returncode == 0, r.stderr
+                    jid = json.loads(r.stdout)["job_id"]
+                    assert node.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+                    r = remotegpu(lab, "b", home, "logs", str(jid), timeout_s=90)
+                    assert r.returncode == 0 and r.stdout.strip() == f"job-{mark}", r.stderr
                     # The node pins its host key: a changed one is refused, not accepted.
                     known = home / "known_hosts.directlink"
                     good = known.read_text()
