@@ -71,3 +71,22 @@ def test_hard_nat_and_blocked_udp_stay_on_the_relay_and_work(keys, nat):
         finally:
             for p in procs:
                 p.stop()
+
+
+def test_the_relay_killed_after_the_direct_path_is_up_leaves_the_session_working(keys):
+    with NatLab() as lab:
+        procs, dialer = run_lab(lab, keys)
+        relay = procs[0]
+        try:
+            first = dialer.event("first_byte")
+            if first["path"] != "direct":
+                assert dialer.event("path", timeout_s=20)["path"] == "direct"
+            relay.stop()  # SIGKILL: its TCP connections drop at once
+            assert relay.p.returncode is not None
+            time.sleep(4)  # past the time a silent path is given up (3 s): the direct one keeps answering
+            dialer.tell("send 1000000")
+            sent = dialer.event("echoed", timeout_s=60)
+            assert sent["path"] == "direct", sent
+        finally:
+            for p in procs:
+                p.stop()
