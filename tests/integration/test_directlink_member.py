@@ -149,3 +149,39 @@ def test_ssh_from_behind_another_nat_reaches_a_member_through_the_relay(tmp_path
                     assert not problems, problems
         finally:
             relay.stop()
+
+
+def test_a_member_serves_the_relay_itself_with_relay_listen(tmp_path):
+    """No separate relay: a member with a public address serves it (`relay_listen`) and
+    connects to it like any other member; ssh goes through it."""
+    name = f"dm{os.getpid() % 10000}{time.monotonic_ns() % 1000}"
+    home = tmp_path / "laptop"
+    relay_at = f"127.0.0.1:{free_port()}"
+    with running_node([], name="gpu-r", parent_dir="/var/lib", CLUSTER_MODE="cluster", CLUSTER_ID=CLUSTER,
+                      SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(UID_RANGE),
+                      DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
+        try:
+            r = node.admin("tenant", "invite", name, "--json")
+            assert r.returncode == 0, r.stderr
+            env = client_env(home)
+            cli = [sys.executable, "-m", "mtgpu.cli.remotegpu", "--home", str(home)]
+            r = subprocess.run(cli + ["join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}"],
+                               capture_output=True, text=True, env=env, timeout=60)
+            assert r.returncode == 0, r.stderr
+            ssh_config = home / "ssh_config"
+
+            def written():
+                r = subprocess.run(cli + ["ssh-config", "--file", str(ssh_config)], capture_output=True, text=True,
+                                   env=env, timeout=60)
+                assert r.returncode == 0, r.stderr
+                return (home / "known_hosts.directlink").read_text().startswith(f"gpu-r.{CLUSTER} ssh-ed25519 ")
+            wait_for("the node's host key in the cluster's state", written, timeout_s=60, interval_s=1)
+            r = subprocess.run(["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes", f"gpu-r.{CLUSTER}", "id -un"],
+                               capture_output=True, text=True, env=env, timeout=90)
+            assert r.returncode == 0 and r.stdout.strip() == name, r.stderr + node.server_log()
+            assert f"through the relay {relay_at}" in r.stderr, r.stderr
+            assert "serving as a relay for dl-lab" in node.server_log()
+        finally:
+            node.terminate()
+            problems = remove_tenant_accounts([name], UID_RANGE)
+            assert not problems, problems
