@@ -181,6 +181,9 @@ def test_a_member_serves_the_relay_itself_with_relay_listen(tmp_path):
             assert r.returncode == 0 and r.stdout.strip() == name, r.stderr + node.server_log()
             assert f"through the relay {relay_at}" in r.stderr, r.stderr
             assert "serving as a relay for dl-lab" in node.server_log()
+            with node.client() as c:
+                dl = c.health()["directlink"]
+            assert dl["relay"] == relay_at and dl["problem"] == "", dl
         finally:
             node.terminate()
             problems = remove_tenant_accounts([name], UID_RANGE)

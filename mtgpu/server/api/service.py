@@ -361,5 +361,6 @@ class MemberService:
             "next_job_id": self.store.machine.next_job_id,  # moves only when a submission is recorded
             "last_placement_at": self.member.scheduler.last_placement_at,
             "raft": self.member.link.raft_info(),
+            "directlink": self.directlink.summary() if self.directlink is not None else None,
         }
 

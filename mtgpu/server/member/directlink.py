@@ -119,6 +119,13 @@ class MemberDirectLink:
         return {"id": self.id, "relay": self.relay_now, "relay_listen": self.settings.relay_listen,
                 "public": ep.public if ep is not None else None, "sessions": sessions, "problem": self.problem}
 
+    def summary(self) -> dict:
+        """For /v1/info: the relay and how many sessions go which way (no peer ids)."""
+        st = self.status()
+        paths = [x["path"] for x in st["sessions"]]
+        return {"relay": st["relay"], "relay_listen": st["relay_listen"], "problem": st["problem"],
+                "sessions_direct": paths.count("direct"), "sessions_relayed": paths.count("relay")}
+
     # ------------------------------------------------------------ the relay it serves
     async def _serve_relay(self) -> None:
         host, port = parse_address(self.settings.relay_listen)
