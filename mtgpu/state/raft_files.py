@@ -143,6 +143,27 @@ def reserve(fd: int, offset: int, length: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+def stop_for_disk(what: str, directory: Path, e: OSError, log, state_dir: Path | None = None) -> None:
+    """Stop this member at once with one line that names the write, the disk and the fix
+    (a member that cannot write STATE_DIR can neither keep its journal nor its jobs'
+    lease: the other members hold the state and take its jobs over)."""
+    line = (f"mtgpu-server: stopped: {what} in {directory} failed ({e.strerror or e}); the member stops before "
+            "it writes anything torn (its journal is whole up to its last entry, the other members hold the "
+            f"state). Free space on the disk of STATE_DIR ({state_dir or directory.parent}), then start this member again")
+    log.critical("%s", line)
+    for handler in list(log.handlers) + list(getattr(log.parent, "handlers", [])) + list(log.root.handlers):
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - nothing may stop the exit
+            pass
+    if not logging.getLogger().handlers:  # else the log line above already went there
+        print(line, file=sys.stderr, flush=True)
+    os._exit(2)
+
+
 def stop_on_full_disk(sync, directory: Path, log) -> bool:
     """Make the replica's journal and .meta writes fail cleanly on a full (or failing)
     STATE_DIR disk: pysyncobj maps the journal into memory, so a write into a page the
@@ -160,18 +181,7 @@ def stop_on_full_disk(sync, directory: Path, log) -> bool:
         return False
 
     def stop(what: str, e: OSError) -> None:
-        line = (f"mtgpu-server: stopped: {what} in {directory} failed ({e.strerror or e}); the member stops before "
-                "it writes anything torn (its journal is whole up to its last entry, the other members hold the "
-                f"state). Free space on the disk of STATE_DIR ({directory.parent}), then start this member again")
-        log.critical("%s", line)
-        for handler in list(log.handlers) + list(getattr(log.parent, "handlers", [])) + list(log.root.handlers):
-            try:
-                handler.flush()
-            except Exception:  # noqa: BLE001 - nothing may stop the exit
-                pass
-        if not logging.getLogger().handlers:  # else the log line above already went there
-            print(line, file=sys.stderr, flush=True)
-        os._exit(2)
+        stop_for_disk(what, directory, e, log)
 
     write = rfile.write
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from ...agent.local import LocalAgent
 from ...config import Config
 from ...state import commands as C
+from ...state.raft_files import FULL_DISK_ERRNOS, stop_for_disk
 from ...state.store import Store, try_commit
 from ..cluster.lease import Lease, lease_s
 from ..cluster.standalone import Link, StandaloneLink
@@ -109,8 +110,24 @@ class Member:
                 self._stop.wait(delay)
             try:
                 self.run_once()
+            except OSError as e:
+                self._pass_failed(e)
             except Exception:  # the loop must outlive any one bad pass
                 log.exception("pass failed")
+
+    def _pass_failed(self, e: OSError) -> None:
+        """A write into STATE_DIR that the disk refused: a cluster member stops with one
+        line (it can keep neither its jobs' lease nor its run records; the others take its
+        jobs over), a standalone node says so in one line and goes on (its journal refuses
+        what it cannot make durable)."""
+        where = str(e.filename or "")
+        if e.errno not in FULL_DISK_ERRNOS or not where.startswith(str(self.state_dir)):
+            log.exception("pass failed")
+            return
+        if self.link.is_cluster:
+            stop_for_disk(f"writing {Path(where).name}", Path(where).parent, e, log, self.state_dir)
+        log.error("a pass failed: writing %s: %s; free space on the disk of STATE_DIR (%s)", where,
+                  e.strerror or e, self.state_dir)
 
     def run_once(self) -> None:
         now = self.clock()
