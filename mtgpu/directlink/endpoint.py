@@ -40,11 +40,11 @@ def is_new_dial(session: Session, datagram: bytes) -> bool:
 class Endpoint:
     def __init__(self, key: Ed25519PrivateKey, relay: RelayConnection,
                  on_stream: Callable[[Session, Stream], Awaitable[None]] | None = None,
-                 admit: Callable[[str], str | None] | None = None) -> None:
+                 admit: Callable[[str, dict], str | None] | None = None, claims: dict | None = None) -> None:
         self.tls = TlsIdentity(key)
         self.id = self.tls.id
         self.relay = relay
-        self.on_stream, self.admit = on_stream, admit
+        self.on_stream, self.admit, self.claims = on_stream, admit, claims
         self.dialled: dict[str, Session] = {}
         self.answered: dict[str, Session] = {}
         self.udp: D.UdpSocket | None = None
@@ -75,7 +75,7 @@ class Endpoint:
         """A session with `peer_id`, set up and checked both ways (raises SessionError)."""
         s = self.dialled.get(peer_id)
         if s is None or s.closed.is_set():
-            s = self.dialled[peer_id] = Session.dial(self.tls, peer_id, lambda d: None)
+            s = self.dialled[peer_id] = Session.dial(self.tls, peer_id, lambda d: None, self.claims)
             s.send = self._sender(s, peer_id, TO_RESPONDER)
             self._watch(s)
         await s.wait_ready(timeout_s)

@@ -51,6 +51,16 @@ def cluster_key(secret: str, cluster_id: str) -> Ed25519PrivateKey:
     return Ed25519PrivateKey.from_private_bytes(seed)
 
 
+def member_key(secret: str, cluster_id: str, address: str) -> Ed25519PrivateKey:
+    """A member's DirectLink key, derived from the cluster secret and its advertised
+    LISTEN address: every member knows every other's id from its address alone (so a
+    member joining from behind NAT reaches PEERS through the relay with nothing else),
+    and proves it is a member by holding the key (only holders of the secret can)."""
+    seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=cluster_id.encode(),
+                info=b"mtgpu-directlink-member-key-v1\0" + address.encode()).derive(secret.encode())
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
 def _canonical(fields: dict) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
@@ -112,8 +122,11 @@ def check(cred: Credential, trusted: dict[str, Ed25519PublicKey], now: float | N
     return None
 
 
-def sign_challenge(key: Ed25519PrivateKey, nonce: bytes) -> str:
-    return base64.b64encode(key.sign(CHALLENGE_LABEL + nonce)).decode()
+def sign_challenge(key: Ed25519PrivateKey, nonce: bytes, channel: bytes = b"") -> str:
+    """The answer to a relay's challenge; `channel`: the fingerprint of the relay's TLS
+    certificate as this endpoint saw it (relaytls.py), which binds the answer to this
+    TLS connection."""
+    return base64.b64encode(key.sign(CHALLENGE_LABEL + nonce + channel)).decode()
 
 
 def signed_by(ident: str, signature: str, message: bytes) -> bool:
@@ -125,7 +138,8 @@ def signed_by(ident: str, signature: str, message: bytes) -> bool:
     return True
 
 
-def check_challenge(ident: str, nonce: bytes, signature: str) -> str | None:
-    if not signed_by(ident, signature, CHALLENGE_LABEL + nonce):
-        return f"the endpoint did not prove that it holds the key of {ident[:16]}... (its challenge answer is wrong)"
+def check_challenge(ident: str, nonce: bytes, signature: str, channel: bytes = b"") -> str | None:
+    if not signed_by(ident, signature, CHALLENGE_LABEL + nonce + channel):
+        return (f"the endpoint did not prove that it holds the key of {ident[:16]}... (its challenge answer is wrong, "
+                "or it answered through a machine in the middle that showed another TLS certificate)")
     return None

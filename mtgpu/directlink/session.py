@@ -104,8 +104,10 @@ class Session:
 
     def __init__(self, tls: TlsIdentity, peer_id: str, dialer: bool, send: Callable[[bytes], None],
                  conn: QuicConnection, on_stream: Callable[["Stream"], Awaitable[None]] | None = None,
-                 admit: Callable[[str], str | None] | None = None) -> None:
+                 admit: Callable[[str, dict], str | None] | None = None, claims: dict | None = None) -> None:
         self.tls, self.peer_id, self.dialer, self.send, self.conn = tls, peer_id, dialer, send, conn
+        self.claims = claims or {}  # the dialer's: what it says it is, beside its id (e.g. {"member": address})
+        self.peer_claims: dict = {}  # the responder's: what the dialer said (checked by `admit`)
         self.on_stream, self.admit = on_stream, admit
         self.loop = asyncio.get_running_loop()
         self.streams: dict[int, Stream] = {}
@@ -122,9 +124,10 @@ class Session:
 
     # ------------------------------------------------------------ set-up
     @classmethod
-    def dial(cls, tls: TlsIdentity, peer_id: str, send: Callable[[bytes], None]) -> "Session":
+    def dial(cls, tls: TlsIdentity, peer_id: str, send: Callable[[bytes], None],
+             claims: dict | None = None) -> "Session":
         conn = QuicConnection(configuration=configuration(tls, dialer=True))
-        s = cls(tls, peer_id, True, send, conn)
+        s = cls(tls, peer_id, True, send, conn, claims=claims)
         conn.connect(VIRTUAL_PEER, now=s.loop.time())
         s.flush()
         return s
@@ -197,7 +200,7 @@ class Session:
         import hashlib
         sid = self.conn.get_next_available_stream_id()
         self._control = self.streams[sid] = Stream(self, sid)
-        hello = {"id": self.tls.id, "proof": self.tls.dialer_proof(hashlib.sha256(der).digest())}
+        hello = {"id": self.tls.id, "proof": self.tls.dialer_proof(hashlib.sha256(der).digest()), "claims": self.claims}
         self._control.write(json.dumps(hello).encode() + b"\n")
         self._spawn(self._dialer_wait_ok())
 
@@ -227,13 +230,17 @@ class Session:
         try:
             hello = json.loads(line)
             ident, proof = str(hello["id"]), str(hello["proof"])
-        except (ValueError, KeyError, TypeError):
+            claims = hello.get("claims") or {}
+            if not isinstance(claims, dict):
+                raise TypeError("claims")
+        except (ValueError, KeyError, TypeError, AttributeError):
             return self.close("the dialer's hello cannot be read")
         why = check_dialer(ident, proof, self.tls.fingerprint)
         if why is None and ident != self.peer_id:
             why = f"the dialer proved {ident[:16]}... but its packets came from {self.peer_id[:16]}..."
         if why is None and self.admit is not None:
-            why = self.admit(ident)
+            why = self.admit(ident, claims)
+        self.peer_claims = claims
         if why:
             self._control.write(f"refused: {why}\n".encode(), end=True)
             self._spawn(self._close_soon(why))

@@ -77,20 +77,45 @@ def container_settings(config: Config) -> ContainerSettings | None:
         allow_user_images=c.allow_user_images, read_only=tuple(read_only))
 
 
+def make_directlink(config: Config, secret: str):
+    """The member's DirectLink side, started, when [DIRECTLINK] names relays or relay_listen."""
+    dl = config.DIRECTLINK
+    if not (config.is_cluster and dl.enabled and (dl.relays or dl.relay_listen)):
+        return None
+    from .member.directlink import MemberDirectLink
+    link = MemberDirectLink(config, secret)
+    link.start()
+    return link
+
+
 def build_service(config: Config) -> MemberService:
     state_dir = Path(config.STATE_DIR)
     prepare_state_dir(state_dir)
     agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), node_name=config.NODE_NAME,
                             containers=container_settings(config))
+    links = []
+
+    def directlink(secret: str):
+        link = make_directlink(config, secret)
+        if link is not None:
+            links.append(link)
+        return link
+
     try:
         if config.CLUSTER_MODE == "cluster":
-            member = open_cluster_member(config, agent)
+            member = open_cluster_member(config, agent, directlink)
         else:
             member = Member(config, agent, JournaledState(state_dir / "state"))
     except BaseException:
         agent.close()  # its device nodes and CDI spec go with it
+        for link in links:
+            link.stop()
         raise
-    return MemberService(member)
+    service = MemberService(member)
+    if links:
+        links[0].attach(member)
+        service.directlink = links[0]
+    return service
 
 
 async def _serve(service: MemberService, config: Config, public_sock: socket.socket) -> None:
@@ -118,28 +143,11 @@ async def _serve(service: MemberService, config: Config, public_sock: socket.soc
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def start_directlink(config: Config, service: MemberService):
-    """The member's DirectLink side, when [DIRECTLINK] names a relay or relay_listen."""
-    dl = config.DIRECTLINK
-    if not (config.is_cluster and dl.enabled and (dl.relays or dl.relay_listen)):
-        return None
-    from .member.directlink import MemberDirectLink
-    secret = Path(config.secret_file_path).read_text().strip()
-    try:
-        link = MemberDirectLink(config, service.member, secret)
-    except ValueError as e:
-        raise ClusterSetupError(f"[DIRECTLINK]: {e}") from None
-    service.member.directlink_id = link.id
-    service.directlink = link
-    link.start()
-    return link
-
-
 def run_node(config: Config) -> int:
     public_sock = take_ports(config)  # a port in use stops the start here, before anything is announced
     try:
         service = build_service(config)
-        link = start_directlink(config, service)
+        link = service.directlink
         service.member.start()
         try:
             asyncio.run(_serve(service, config, public_sock))

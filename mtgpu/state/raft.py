@@ -38,6 +38,7 @@ from pysyncobj.syncobj import SyncObjException
 
 from .machine import StateMachine
 from .raft_files import check_replica_files, stop_on_full_disk
+from .raft_route import routed_transport
 from .store import ReplicationError
 
 log = logging.getLogger(__name__)
@@ -100,8 +101,10 @@ class RaftState:
     replica (pysyncobj forks to write them) can never be loaded by the new one."""
 
     def __init__(self, directory: Path, self_address: str | None, voters: list[str], secret: str,
-                 on_applied=None, fast: bool = True, replica: str = "", cluster_id: str = "") -> None:
+                 on_applied=None, fast: bool = True, replica: str = "", cluster_id: str = "",
+                 route=None) -> None:
         self.directory = Path(directory)
+        self._route = route  # raft_route.py: where to connect to reach a member (None: its address)
         self._cluster_id = cluster_id
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.lock = threading.RLock()
@@ -159,7 +162,8 @@ class RaftState:
         self._consumer = _ReplicatedMachine(self.lock, self._on_applied)
         self.self_address = self_address
         others = [v for v in voters if v != self_address]
-        self._sync = SyncObj(self_address, others, conf=self._conf(joining), consumers=[self._consumer])
+        extra = {"transportClass": routed_transport(self._route)} if self._route is not None else {}
+        self._sync = SyncObj(self_address, others, conf=self._conf(joining), consumers=[self._consumer], **extra)
         if not stop_on_full_disk(self._sync, self.directory, log):
             log.warning("this pysyncobj's journal is not the one mtgpu knows: a full STATE_DIR disk may stop this "
                         "member without a message (pysyncobj maps its journal into memory)")

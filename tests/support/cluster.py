@@ -96,17 +96,19 @@ def member_name(node: Node) -> str:
 @contextlib.contextmanager
 def running_cluster(n: int = 3, gpus: list[list[dict]] | None = None, down_after_s: float = 8.0,
                     settings: list[dict] | None = None, lab=None,
-                    prefixes: list[list[str]] | None = None) -> Iterator[Cluster]:
-    """`lab`: a netlab.NetLab; each member then runs in its own network namespace at its
-    address there (the test reaches it through its Unix socket, as on loopback).
-    `prefixes`: what goes before each member's command line (e.g. clockjump.py's)."""
+                    prefixes: list[list[str]] | None = None, secret: str | None = None) -> Iterator[Cluster]:
+    """`lab`: a netlab.NetLab (or anything with `addresses` and `prefix(i)`); each member
+    then runs in the network namespace of its address there (members that share an
+    address get ports of their own; the test reaches each through its Unix socket, as on
+    loopback). `prefixes`: what goes before each member's command line (e.g.
+    clockjump.py's). `secret`: the cluster secret (one is made when not given)."""
     base = Path(tempfile.mkdtemp(prefix="mtgpu-cl-"))
     os.chmod(base, 0o755)
     secret_path = base / "cluster.secret"
-    secret_path.write_text(secrets.token_urlsafe(48) + "\n")
+    secret_path.write_text((secret or secrets.token_urlsafe(48)) + "\n")
     os.chmod(secret_path, 0o600)
-    ports = [7070] * n if lab else [free_port_pair() for _ in range(n)]
     hosts = lab.addresses[:n] if lab else ["127.0.0.1"] * n
+    ports = [7070 + 2 * hosts[:i].count(h) for i, h in enumerate(hosts)] if lab else [free_port_pair() for _ in range(n)]
     peers = [f"{h}:{p}" for h, p in zip(hosts, ports)]
     cluster = Cluster(base, secret_path, peers, down_after_s)
     try:

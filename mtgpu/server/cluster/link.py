@@ -21,6 +21,7 @@ body; a request more than 30 s old or wrongly signed is refused).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -104,6 +105,9 @@ class ClusterLink:
         self.member: Member | None = None
         self.store: RaftState | None = None
         self._http = httpx.Client(timeout=httpx.Timeout(3.0, connect=1.0))
+        # where to connect to reach a member's LISTEN address: itself, or a loopback port
+        # DirectLink carries to it (server/member/directlink.py)
+        self.reach: Callable[[str], str] = lambda address: address
         self._stop = threading.Event()
         self._last_report_ok = 0.0     # monotonic time the last accepted report was sent
         self._leader_commit: int | None = None  # the scheduler's commit index in its last answer
@@ -125,7 +129,7 @@ class ClusterLink:
         for again in (False, True):
             headers = self.signer.headers(method, path, body, self.node_name, peer=address)
             sent_at = self.signer.clock()
-            r = self._http.request(method, f"http://{address}{path}", content=body,
+            r = self._http.request(method, f"http://{self.reach(address)}{path}", content=body,
                                    headers={**headers, "content-type": "application/json"}, timeout=timeout_s)
             before = self.signer.offset(address)
             after = self.signer.learn(address, headers, r.headers, sent_at, self.signer.clock())
@@ -539,7 +543,7 @@ class ClusterLink:
                 for again in (False, True):
                     sent_at = self.signer.clock()
                     headers = self.signer.headers("GET", path, b"", self.node_name, peer=address)
-                    with httpx.stream("GET", f"http://{address}{path}", headers=headers,
+                    with httpx.stream("GET", f"http://{self.reach(address)}{path}", headers=headers,
                                       timeout=httpx.Timeout(IMAGE_READ_TIMEOUT_S, connect=3.0)) as r:
                         learned = self.signer.learn(address, headers, r.headers, sent_at, self.signer.clock())
                         if r.status_code >= 400:
@@ -569,7 +573,8 @@ class ClusterLink:
             for again in (False, True):
                 sent_at = self.signer.clock()
                 headers = self.signer.headers("GET", path, b"", self.node_name, peer=address)
-                response = await client.send(client.build_request("GET", f"http://{address}{path}", headers=headers),
+                target = await asyncio.to_thread(self.reach, address)  # it may try the member first
+                response = await client.send(client.build_request("GET", f"http://{target}{path}", headers=headers),
                                              stream=True)
                 learned = self.signer.learn(address, headers, response.headers, sent_at, self.signer.clock())
                 if response.status_code < 400:
@@ -611,17 +616,22 @@ class RemoteLog:
     close: Callable[[], Awaitable[None]]
 
 
-def open_cluster_member(config: Config, agent: LocalAgent) -> Member:
+def open_cluster_member(config: Config, agent: LocalAgent, directlink=None) -> Member:
+    """`directlink(secret)`: starts this member's DirectLink side (or None) before it joins, so
+    members behind NAT are reached through the relay from the first request on."""
     peers = [advertised(p) for p in config.PEERS]
     founding_alone = not peers or peers == [advertised(config.LISTEN)]
     secret = load_or_create_secret(config, founding_alone)
     link = ClusterLink(config, secret)
+    dl = directlink(secret) if directlink is not None else None
+    if dl is not None:
+        link.reach = dl.reach_api
     state_dir = Path(config.STATE_DIR)
     voter, voters, replica = link.membership(state_dir)
     member_holder: list[Member] = []
     store = RaftState(state_dir / "cluster", link.raft_self if voter else None, voters, secret,
                       on_applied=lambda cmd, res: member_holder and member_holder[0].wake(), replica=replica,
-                      cluster_id=config.CLUSTER_ID)
+                      cluster_id=config.CLUSTER_ID, route=dl.reach_raft if dl is not None else None)
     link.store = store
     member = Member(config, agent, store, link=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
     member_holder.append(member)

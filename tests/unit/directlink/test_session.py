@@ -86,9 +86,13 @@ def test_the_dialer_refuses_a_peer_that_is_not_the_id_it_dialled():
 def test_a_responder_that_does_not_admit_the_dialer_refuses_it_with_the_reason():
     async def body(relay, port, seen):
         a = await endpoint(port, "a")
-        b = await endpoint(port, "b", on_stream=echo, admit=lambda ident: f"{ident[:8]} is not a tenant here")
+        said = []
+        b = await endpoint(port, "b", on_stream=echo,
+                           admit=lambda ident, claims: said.append(claims) or f"{ident[:8]} is not a tenant here")
+        a.claims = {"member": "10.0.0.1:7070"}
         with pytest.raises(SessionError, match="is not a tenant here"):
             await a.dial(b.id, timeout_s=10)
+        assert said == [{"member": "10.0.0.1:7070"}]  # the dialer's claims reach the responder's check
         await a.close()
         await b.close()
 
