@@ -1,5 +1,6 @@
-"""The relay (`mtgpu-relay`, docs/DIRECTLINK.md): admits endpoints that show a credential
-of a cluster it serves and prove they hold their id's key, then forwards frames between
+"""The relay (`mtgpu-relay`, docs/DIRECTLINK.md): on TLS 1.3 (relaytls.py), admits
+endpoints that show a credential of a cluster it serves and prove they hold their id's
+key, then forwards frames between
 endpoints of one cluster by destination id. It holds no session key and keeps nothing
 but the table of who is connected; it also answers UDP "what address do you see me
 from" asks on its port, which endpoints need for the direct path."""
@@ -18,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from . import frames as F
 from .identity import Credential, CredentialError, check, check_challenge
+from .relaytls import HANDSHAKE_TIMEOUT_S, RelayTls
 
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0
@@ -40,10 +42,12 @@ class Relay:
         self.forwarded_bytes = 0
         self.refusals: list[str] = []
         self.tap: Callable[[bytes], None] | None = None  # sees every forwarded payload (tests: "only ciphertext")
+        self.tls = RelayTls()
 
     # ------------------------------------------------------------ TCP
     async def serve(self, host: str, port: int) -> tuple[asyncio.AbstractServer, asyncio.DatagramTransport]:
-        server = await asyncio.start_server(self._connection, host, port)
+        server = await asyncio.start_server(self._connection, host, port, ssl=self.tls.context,
+                                            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
         bound = server.sockets[0].getsockname()
         loop = asyncio.get_running_loop()
         udp, _ = await loop.create_datagram_endpoint(lambda: _Reflector(), local_addr=(bound[0], bound[1]))
@@ -83,7 +87,8 @@ class Relay:
             try:
                 hello = json.loads(payload)
                 cred = Credential.from_dict(hello["credential"])
-                why = check(cred, self.trusted, self.clock()) or check_challenge(cred.id, nonce, str(hello["proof"]))
+                why = check(cred, self.trusted, self.clock()) or check_challenge(cred.id, nonce, str(hello["proof"]),
+                                                                             self.tls.fingerprint)
             except (ValueError, KeyError, TypeError, CredentialError) as e:
                 why = f"the hello cannot be read: {e}"
         if why:

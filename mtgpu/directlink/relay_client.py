@@ -1,5 +1,5 @@
-"""An endpoint's connection to a relay: admitted with its credential and a signed
-challenge, then frames to and from other endpoints of its cluster by id."""
+"""An endpoint's connection to a relay, on TLS (relaytls.py): admitted with its credential
+and a signed challenge bound to that TLS connection, then frames to and from other endpoints of its cluster by id."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from . import frames as F
 from .identity import Credential, sign_challenge
+from .relaytls import HANDSHAKE_TIMEOUT_S, client_context, peer_fingerprint
 
 
 class RelayRefused(Exception):
@@ -28,12 +29,14 @@ class RelayConnection:
     @classmethod
     async def open(cls, host: str, port: int, key: Ed25519PrivateKey, credential: Credential,
                    timeout_s: float = 10.0) -> "RelayConnection":
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=client_context(), ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S),
+            timeout_s)
         try:
             kind, nonce = await asyncio.wait_for(F.read_frame(reader), timeout_s)
             if kind != F.CHALLENGE or len(nonce) != 32:
                 raise F.FrameError(f"{host}:{port} does not speak the relay protocol (first frame type {kind})")
-            hello = {"credential": credential.to_dict(), "proof": sign_challenge(key, nonce)}
+            hello = {"credential": credential.to_dict(), "proof": sign_challenge(key, nonce, peer_fingerprint(writer))}
             writer.write(F.pack(F.HELLO, json.dumps(hello).encode()))
             kind, payload = await asyncio.wait_for(F.read_frame(reader), timeout_s)
             if kind == F.REFUSED:

@@ -3,7 +3,8 @@ and a relay on the "public" network between them, every part a real process in i
 network namespace. Easy NAT goes direct; --random-fully on both sides stays relayed and
 works; UDP blocked works over the relay's TCP; the direct path cut mid-session falls back
 to the relay within seconds and the session lives; a marker sent end to end never
-appears in the bytes the relay's network carried."""
+appears in the bytes the relay's network carried, nor do the endpoints' hellos (the
+relay's port is TLS)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def test_easy_nat_goes_direct_a_cut_falls_back_to_the_relay_and_the_relay_sees_o
     carried = capture.read_bytes()
     assert len(carried) > 500_000  # the relay's network carried the relayed half ...
     assert MARKER.encode() not in carried  # ... as ciphertext only
+    assert b'"credential"' not in carried and b'"proof"' not in carried  # the hellos too (TLS to the relay)
 
 
 @pytest.mark.parametrize("nat", ["random-fully", "udp-blocked"])

@@ -14,6 +14,7 @@ from mtgpu.directlink import frames as F
 from mtgpu.directlink.identity import cluster_key, endpoint_id, issue
 from mtgpu.directlink.relay import Relay
 from mtgpu.directlink.relay_client import RelayConnection, RelayRefused
+from mtgpu.directlink.relaytls import RelayTls, client_context
 
 LAB, OTHER = cluster_key("s" * 48, "lab"), cluster_key("o" * 48, "other")
 
@@ -76,7 +77,7 @@ def test_an_endpoint_without_valid_credentials_is_refused_with_the_reason(what, 
 
 def test_a_peer_that_does_not_say_hello_is_dropped_and_the_relay_goes_on():
     async def body(relay, port):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context())
         kind, _ = await F.read_frame(reader)
         assert kind == F.CHALLENGE
         writer.write(F.pack(F.SEND, b"x" * 40))
@@ -104,5 +105,47 @@ def test_the_relay_tells_an_endpoint_its_address_over_udp_without_amplifying():
         assert answer == F.REFLECT_ANSWER + token + f"127.0.0.1:{s.getsockname()[1]}".encode()
         assert len(answer) <= F.REFLECT_ASK_SIZE
         s.close()
+
+    asyncio.run(with_relay(body))
+
+
+def test_the_relay_speaks_only_tls_and_a_plain_connection_gets_nothing():
+    async def body(relay, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(F.pack(F.HELLO, b"{}"))  # not a TLS ClientHello
+        got = await asyncio.wait_for(reader.read(), 10)
+        assert got[4:5] != bytes([F.CHALLENGE]), got  # a TLS alert or nothing, never a challenge in the clear
+        writer.close()
+        key, cred = endpoint(LAB, "lab", "after")
+        ok = await RelayConnection.open("127.0.0.1", port, key, cred)  # the relay goes on
+        await ok.close()
+
+    asyncio.run(with_relay(body))
+
+
+def test_a_machine_in_the_middle_that_terminates_tls_cannot_log_in_as_the_endpoint():
+    """It shows the endpoint its own certificate and passes every byte on to the real
+    relay: the endpoint's proof names the certificate it saw, so the relay refuses it."""
+    async def body(relay, port):
+        mitm_tls = RelayTls()
+
+        async def middle(reader, writer):
+            r2, w2 = await asyncio.open_connection("127.0.0.1", port, ssl=client_context())
+
+            async def copy(src, dst):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+                dst.close()
+            await asyncio.gather(copy(reader, w2), copy(r2, writer), return_exceptions=True)
+
+        server = await asyncio.start_server(middle, "127.0.0.1", 0, ssl=mitm_tls.context)
+        try:
+            key, cred = endpoint(LAB, "lab", "victim")
+            with pytest.raises(RelayRefused, match="machine in the middle"):
+                await RelayConnection.open("127.0.0.1", server.sockets[0].getsockname()[1], key, cred)
+            assert relay.connected() == []
+        finally:
+            server.close()
 
     asyncio.run(with_relay(body))
