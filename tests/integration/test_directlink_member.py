@@ -21,9 +21,9 @@ import pytest
 
 from mtgpu.client.signing import generate_key_pair, load_private_key
 from mtgpu.directlink.identity import cluster_key, endpoint_id, issue
-from tests.support.dllab import PORT, Proc
+from tests.support.dlmember import CLUSTER, client_env, member_behind_nat, remotegpu
 from tests.support.natlab import NatLab, netlab_missing
-from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
+from tests.support.node import free_port, running_node, wait_for
 from tests.support.users import can_create_users, remove_tenant_accounts
 
 if os.geteuid() != 0 or netlab_missing():
@@ -34,18 +34,6 @@ if not (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")) or not shutil.
     pytest.skip("needs OpenSSH's sshd and ssh", allow_module_level=True)
 
 UID_RANGE = (360000, 369999)  # its own range: the accounts this node makes never meet another test's
-CLUSTER = "dl-lab"
-
-
-def client_env(home: Path) -> dict:
-    # No /usr/local/bin on PATH: ssh-config then writes `python -m mtgpu.cli.remotegpu` of
-    # this checkout (PYTHONPATH) into ProxyCommand, not an installed copy.
-    return {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": REPO_ROOT, "LANG": "C.UTF-8"}
-
-
-def remotegpu(lab: NatLab, side: str, home: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(lab.prefix(side) + [sys.executable, "-m", "mtgpu.cli.remotegpu", "--home", str(home), *args],
-                          capture_output=True, text=True, env=client_env(home), timeout=timeout_s)
 
 
 def stranger(lab: NatLab, home: Path, entry: dict, info: dict) -> subprocess.CompletedProcess:
@@ -55,100 +43,58 @@ def stranger(lab: NatLab, home: Path, entry: dict, info: dict) -> subprocess.Com
 
 
 def test_ssh_from_behind_another_nat_reaches_a_member_through_the_relay(tmp_path):
-    name = f"dl{os.getpid() % 10000}{time.monotonic_ns() % 1000}"
-    secret = tmp_path / "cluster.secret"
-    secret.write_text(secrets.token_urlsafe(48) + "\n")
-    os.chmod(secret, 0o600)
-    cluster_pub = endpoint_id(cluster_key(secret.read_text().strip(), CLUSTER))
-    home = tmp_path / "laptop"
-    with NatLab() as lab:
-        relay_at = f"{lab.relay_ip}:{PORT}"
-        relay = Proc(lab.prefix("relay") + [sys.executable, "-m", "mtgpu.cli.relay", "--listen", relay_at,
-                                            "--cluster", f"{CLUSTER}={cluster_pub}"])
-        try:
-            api_port, ssh_port = free_port(), free_port()
-            with running_node([], name="gpu-a", start=False, parent_dir="/var/lib", CLUSTER_MODE="cluster",
-                              CLUSTER_ID=CLUSTER, CLUSTER_SECRET_FILE=str(secret),
-                              LISTEN=f"{lab.host_ip['a']}:{api_port}", SSH_LISTEN=f"127.0.0.1:{ssh_port}",
-                              TENANT_UID_RANGE=list(UID_RANGE),
-                              DIRECTLINK={"relays": [relay_at]}) as node:
-                try:
-                    node.prefix = lab.prefix("a")
-                    node.start(timeout_s=60)
-                    r = node.admin("tenant", "invite", name, "--json")
-                    assert r.returncode == 0, r.stderr
-                    code = json.loads(r.stdout)["code"]
-                    # The laptop joins where the node is reachable (site A) ...
-                    r = remotegpu(lab, "a", home, "join", code, "--server", f"{lab.host_ip['a']}:{api_port}", "--json")
-                    assert r.returncode == 0, r.stderr + node.server_log()
-                    ssh_config = home / "ssh_config"
-
-                    def written():
-                        r = remotegpu(lab, "a", home, "ssh-config", "--file", str(ssh_config), "--json")
-                        assert r.returncode == 0, r.stderr
-                        known = (home / "known_hosts.directlink").read_text()
-                        return known.startswith(f"gpu-a.{CLUSTER} ssh-ed25519 ") and json.loads(r.stdout)
-                    hosts = wait_for("the node's host key in the cluster's state", written, timeout_s=60,
-                                     interval_s=1)["hosts"]
-                    assert hosts == [f"gpu-a.{CLUSTER}"]
-                    block = ssh_config.read_text()
-                    assert f"ProxyCommand {sys.executable}" in block and "StrictHostKeyChecking yes" in block
-                    # ... and is then in site B, which cannot reach A at all:
-                    reach = subprocess.run(lab.prefix("b") + ["bash", "-c", f"exec 3<>/dev/tcp/{lab.host_ip['a']}/"
-                                                              f"{api_port}"], capture_output=True, timeout=30)
-                    assert reach.returncode != 0
-                    mark = "ran-on-" + secrets.token_hex(4)
-                    ssh = lab.prefix("b") + ["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes",
-                                             "-o", "ConnectTimeout=30", f"gpu-a.{CLUSTER}"]
-                    r = subprocess.run(ssh + [f"echo {mark} $(id -un) $(hostname -I 2>/dev/null || true)"],
-                                       capture_output=True, text=True, env=client_env(home), timeout=90)
-                    assert r.returncode == 0, r.stderr + node.server_log()
-                    words = r.stdout.split()
-                    assert words[:2] == [mark, name], r.stdout
-                    assert lab.host_ip["a"] in words[2:], r.stdout  # it ran in site A
-                    assert "remotegpu: gpu-a through the relay" in r.stderr and "remotegpu: path " in r.stderr
-                    # The tenant API goes the same way: whoami, a job submitted and its log read.
-                    r = remotegpu(lab, "b", home, "whoami", "--json", timeout_s=90)
-                    assert r.returncode == 0 and json.loads(r.stdout)["name"] == name, r.stderr
-                    assert "through DirectLink to gpu-a" in r.stderr, r.stderr
-                    job = home / "job.sh"
-                    job.write_text(f"#!/bin/bash\necho job-{mark}\n")
-                    r = remotegpu(lab, "b", home, "submit", str(job), "--json", timeout_s=90)
-                    assert r.returncode == 0, r.stderr
-                    jid = json.loads(r.stdout)["job_id"]
-                    assert node.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
-                    r = remotegpu(lab, "b", home, "logs", str(jid), timeout_s=90)
-                    assert r.returncode == 0 and r.stdout.strip() == f"job-{mark}", r.stderr
-                    # The node pins its host key: a changed one is refused, not accepted.
-                    known = home / "known_hosts.directlink"
-                    good = known.read_text()
-                    known.write_text(f"gpu-a.{CLUSTER} ssh-ed25519 "
-                                     "AAAAC3NzaC1lZDI1NTE5AAAAIBNhBhDxhnlnSg3xtGsGSW8wfbmOUZbzXCJKsCN2EfPA\n")
-                    r = subprocess.run(ssh + ["true"], capture_output=True, text=True, env=client_env(home),
-                                       timeout=90)
-                    assert r.returncode != 0 and "HOST IDENTIFICATION HAS CHANGED" in r.stderr.upper(), r.stderr
-                    known.write_text(good)
-                    # An endpoint with a forged credential is refused by the relay; one with a real
-                    # credential but a key that joined no tenant is refused by the member.
-                    entry = json.loads((home / "servers.json").read_text())[0]
-                    forged = dict(entry["directlink"])
-                    forged["credential"] = dict(forged["credential"], sig=forged["credential"]["sig"][::-1])
-                    r = stranger(lab, tmp_path / "forger", entry, forged)
-                    assert r.returncode != 0 and "refused this endpoint" in r.stderr, r.stderr
-                    key_path = tmp_path / "mallory" / "id_ed25519"
-                    generate_key_pair(key_path)
-                    mallory = endpoint_id(load_private_key(key_path))
-                    cred = issue(cluster_key(secret.read_text().strip(), CLUSTER), CLUSTER, mallory, "tenant",
-                                 "mallory", 600)
-                    r = stranger(lab, tmp_path / "mallory", dict(entry, key=str(key_path)),
-                                 dict(entry["directlink"], credential=cred.to_dict()))
-                    assert r.returncode != 0 and "is no tenant of dl-lab" in r.stderr, r.stderr
-                finally:
-                    node.terminate()
-                    problems = remove_tenant_accounts([name], UID_RANGE)
-                    assert not problems, problems
-        finally:
-            relay.stop()
+    with NatLab() as lab, member_behind_nat(lab, tmp_path, UID_RANGE) as site:
+        node, name, home, api_port = site.node, site.name, site.home, site.api_port
+        block = site.ssh_config.read_text()
+        assert f"ProxyCommand {sys.executable}" in block and "StrictHostKeyChecking yes" in block
+        # ... and is then in site B, which cannot reach A at all:
+        reach = subprocess.run(lab.prefix("b") + ["bash", "-c", f"exec 3<>/dev/tcp/{lab.host_ip['a']}/"
+                                                  f"{api_port}"], capture_output=True, timeout=30)
+        assert reach.returncode != 0
+        mark = "ran-on-" + secrets.token_hex(4)
+        ssh = site.ssh("b")
+        r = subprocess.run(ssh + [f"echo {mark} $(id -un) $(hostname -I 2>/dev/null || true)"],
+                           capture_output=True, text=True, env=client_env(home), timeout=90)
+        assert r.returncode == 0, r.stderr + node.server_log()
+        words = r.stdout.split()
+        assert words[:2] == [mark, name], r.stdout
+        assert lab.host_ip["a"] in words[2:], r.stdout  # it ran in site A
+        assert "remotegpu: gpu-a through the relay" in r.stderr and "remotegpu: path " in r.stderr
+        # The tenant API goes the same way: whoami, a job submitted and its log read.
+        r = remotegpu(lab, "b", home, "whoami", "--json", timeout_s=90)
+        assert r.returncode == 0 and json.loads(r.stdout)["name"] == name, r.stderr
+        assert "through DirectLink to gpu-a" in r.stderr, r.stderr
+        job = home / "job.sh"
+        job.write_text(f"#!/bin/bash\necho job-{mark}\n")
+        r = remotegpu(lab, "b", home, "submit", str(job), "--json", timeout_s=90)
+        assert r.returncode == 0, r.stderr
+        jid = json.loads(r.stdout)["job_id"]
+        assert node.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+        r = remotegpu(lab, "b", home, "logs", str(jid), timeout_s=90)
+        assert r.returncode == 0 and r.stdout.strip() == f"job-{mark}", r.stderr
+        # The node pins its host key: a changed one is refused, not accepted.
+        known = home / "known_hosts.directlink"
+        good = known.read_text()
+        known.write_text(f"gpu-a.{CLUSTER} ssh-ed25519 "
+                         "AAAAC3NzaC1lZDI1NTE5AAAAIBNhBhDxhnlnSg3xtGsGSW8wfbmOUZbzXCJKsCN2EfPA\n")
+        r = subprocess.run(ssh + ["true"], capture_output=True, text=True, env=client_env(home), timeout=90)
+        assert r.returncode != 0 and "HOST IDENTIFICATION HAS CHANGED" in r.stderr.upper(), r.stderr
+        known.write_text(good)
+        # An endpoint with a forged credential is refused by the relay; one with a real
+        # credential but a key that joined no tenant is refused by the member.
+        entry = json.loads((home / "servers.json").read_text())[0]
+        forged = dict(entry["directlink"])
+        forged["credential"] = dict(forged["credential"], sig=forged["credential"]["sig"][::-1])
+        r = stranger(lab, tmp_path / "forger", entry, forged)
+        assert r.returncode != 0 and "refused this endpoint" in r.stderr, r.stderr
+        key_path = tmp_path / "mallory" / "id_ed25519"
+        generate_key_pair(key_path)
+        mallory = endpoint_id(load_private_key(key_path))
+        cred = issue(cluster_key(site.secret.read_text().strip(), CLUSTER), CLUSTER, mallory, "tenant",
+                     "mallory", 600)
+        r = stranger(lab, tmp_path / "mallory", dict(entry, key=str(key_path)),
+                     dict(entry["directlink"], credential=cred.to_dict()))
+        assert r.returncode != 0 and "is no tenant of dl-lab" in r.stderr, r.stderr
 
 
 def test_a_member_serves_the_relay_itself_with_relay_listen(tmp_path):

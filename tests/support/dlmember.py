@@ -1,0 +1,107 @@
+"""A real member behind NAT with a laptop that joined it (issue 13), for
+tests/integration/test_directlink_member.py and bench/directlink.py:
+
+    with NatLab() as lab, member_behind_nat(lab, tmp_path, uid_range) as site:
+        site.node, site.name, site.home, site.ssh_config, site.host  # gpu-a.dl-lab
+
+The relay runs on the lab's public network; the member (cluster of one) in private
+network A connects out to it; a tenant is invited, joins from site A (where the node is
+reachable once) and writes its ssh-config block. Everything is stopped and the
+tenant's account removed at the end, also on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from mtgpu.directlink.identity import cluster_key, endpoint_id
+
+from .dllab import PORT, Proc
+from .natlab import NatLab
+from .node import REPO_ROOT, Node, free_port, running_node, wait_for
+from .users import remove_tenant_accounts
+
+CLUSTER = "dl-lab"
+
+
+def client_env(home: Path) -> dict:
+    # No /usr/local/bin on PATH: ssh-config then writes `python -m mtgpu.cli.remotegpu` of
+    # this checkout (PYTHONPATH) into ProxyCommand, not an installed copy.
+    return {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": REPO_ROOT, "LANG": "C.UTF-8"}
+
+
+def remotegpu(lab: NatLab, side: str, home: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(lab.prefix(side) + [sys.executable, "-m", "mtgpu.cli.remotegpu", "--home", str(home), *args],
+                          capture_output=True, text=True, env=client_env(home), timeout=timeout_s)
+
+
+@dataclass
+class Site:
+    lab: NatLab
+    node: Node
+    secret: Path
+    name: str          # the tenant
+    home: Path         # the laptop's remotegpu home
+    ssh_config: Path
+    api_port: int
+    ssh_port: int
+    host: str = f"gpu-a.{CLUSTER}"
+
+    def ssh(self, side: str, *args: str) -> list[str]:
+        """An ssh command line through the written block (ProxyCommand remotegpu-cli proxy)."""
+        return self.lab.prefix(side) + ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes",
+                                        "-o", "ConnectTimeout=30", self.host, *args]
+
+
+@contextlib.contextmanager
+def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int]) -> Iterator[Site]:
+    name = f"dl{os.getpid() % 10000}{time.monotonic_ns() % 1000}"
+    secret = tmp / "cluster.secret"
+    secret.write_text(secrets.token_urlsafe(48) + "\n")
+    os.chmod(secret, 0o600)
+    cluster_pub = endpoint_id(cluster_key(secret.read_text().strip(), CLUSTER))
+    home = tmp / "laptop"
+    relay_at = f"{lab.relay_ip}:{PORT}"
+    relay = Proc(lab.prefix("relay") + [sys.executable, "-m", "mtgpu.cli.relay", "--listen", relay_at,
+                                        "--cluster", f"{CLUSTER}={cluster_pub}"])
+    try:
+        api_port, ssh_port = free_port(), free_port()
+        with running_node([], name="gpu-a", start=False, parent_dir="/var/lib", CLUSTER_MODE="cluster",
+                          CLUSTER_ID=CLUSTER, CLUSTER_SECRET_FILE=str(secret),
+                          LISTEN=f"{lab.host_ip['a']}:{api_port}", SSH_LISTEN=f"127.0.0.1:{ssh_port}",
+                          TENANT_UID_RANGE=list(uid_range), DIRECTLINK={"relays": [relay_at]}) as node:
+            try:
+                node.prefix = lab.prefix("a")
+                node.start(timeout_s=60)
+                r = node.admin("tenant", "invite", name, "--json")
+                assert r.returncode == 0, r.stderr
+                code = json.loads(r.stdout)["code"]
+                # The laptop joins where the node is reachable (site A) ...
+                r = remotegpu(lab, "a", home, "join", code, "--server", f"{lab.host_ip['a']}:{api_port}", "--json")
+                assert r.returncode == 0, r.stderr + node.server_log()
+                site = Site(lab, node, secret, name, home, home / "ssh_config", api_port, ssh_port)
+
+                def written():
+                    r = remotegpu(lab, "a", home, "ssh-config", "--file", str(site.ssh_config), "--json")
+                    assert r.returncode == 0, r.stderr
+                    known = (home / "known_hosts.directlink").read_text()
+                    return known.startswith(f"{site.host} ssh-ed25519 ") and json.loads(r.stdout)
+                hosts = wait_for("the node's host key in the cluster's state", written, timeout_s=60,
+                                 interval_s=1)["hosts"]
+                assert hosts == [site.host]
+                yield site
+            finally:
+                node.terminate()
+                problems = remove_tenant_accounts([name], uid_range)
+                assert not problems, problems
+    finally:
+        relay.stop()
