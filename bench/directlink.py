@@ -1,13 +1,20 @@
 """DirectLink in the NAT lab (tests/support/natlab.py), one run:
 
-    python bench/directlink.py [--mb 20] [--json]
+    python bench/directlink.py [--mb 20] [--rounds 300] [--json]
 
 Prints the time from dialling to the first byte through the relay, from dialling to the
 direct path (easy NAT), the throughput of one stream direct (easy NAT) and relayed
 (--random-fully NAT, where no direct path exists), and plain TCP over the same links as
 the floor (host A to the relay's host, through A's router and the wan router, an echo:
 each direction carries the rate shown). A stream's throughput is one way: N bytes sent,
-the clock stops when the peer's count of them arrives. Needs root (network namespaces).
+the clock stops when the peer's count of them arrives.
+
+The SSH round trip: a real member behind NAT A (tests/support/dlmember.py), a tenant
+that joined it, and one `ssh HOST cat` session: a line written, the clock stops when it
+comes back (like a keystroke's echo), --rounds times after a warm-up; the median and
+p90, through DirectLink from behind NAT B (plain `ssh` with the ProxyCommand block) and
+plain `ssh` to the same sshd from inside site A, where it is reachable. Needs root
+(network namespaces, a tenant account).
 """
 
 from __future__ import annotations
@@ -50,6 +57,54 @@ while sent < size:
     c.sendall(block[: size - sent]); sent += min(len(block), size - sent)
 th.join(); print(round(size * 8 / (time.monotonic() - t0) / 1e6, 1))
 """
+
+
+SSH_ECHO = r"""
+import json, statistics, subprocess, sys, time
+argv, rounds = json.loads(sys.argv[1]), int(sys.argv[2])
+p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def rtt(i):
+    t0 = time.perf_counter(); p.stdin.write(b"ping %d\n" % i); p.stdin.flush()
+    line = p.stdout.readline()
+    assert line == b"ping %d\n" % i, line
+    return (time.perf_counter() - t0) * 1000
+rtt(0); end = time.monotonic() + 3
+while time.monotonic() < end:  # warm-up: DirectLink moves to the direct path meanwhile
+    rtt(1); time.sleep(0.05)
+times = sorted(rtt(i) for i in range(rounds))
+p.stdin.close(); p.wait(timeout=30)
+print(json.dumps({"p50_ms": round(statistics.median(times), 3), "p90_ms": round(times[int(0.9 * len(times))], 3),
+                  "stderr": p.stderr.read().decode()[-2000:]}))
+"""
+
+
+def ssh_round_trips(rounds: int, tmp: Path, relayed: bool) -> dict:
+    """The median (and p90) echo round trip of one SSH session, through DirectLink from
+    behind NAT B (direct on easy NAT; `relayed`: --random-fully NAT, through the relay)
+    and plain from inside site A."""
+    from tests.support.dlmember import client_env, member_behind_nat
+
+    out: dict = {}
+    via = "ssh_relayed_rtt_ms" if relayed else "ssh_rtt_ms"
+    with NatLab(random_fully=relayed) as lab, member_behind_nat(lab, tmp / via, (370000, 379999)) as site:
+        env = client_env(site.home)
+        plain = site.ssh("a", "-o", "ProxyCommand=none", "-o", "HostName=127.0.0.1", "-o", f"Port={site.ssh_port}",
+                         "-o", f"HostKeyAlias={site.host}", "-T", "cat")
+        for key, argv in ((via, site.ssh("b", "-T", "cat")), ("plain_ssh_rtt_ms", plain)):
+            prefix, cmd = argv[:3], argv[3:]  # the namespace, then the ssh command run in it
+            r = subprocess.run(prefix + [PY, "-c", SSH_ECHO, json.dumps(cmd), str(rounds)], capture_output=True,
+                               text=True, env=env, timeout=300)
+            if r.returncode != 0:
+                raise RuntimeError(f"{key}: {r.stderr[-2000:]}")
+            got = json.loads(r.stdout)
+            out[key], out[key.replace("_ms", "_p90_ms")] = got["p50_ms"], got["p90_ms"]
+            if key == via:
+                paths = [line.split("path ", 1)[1].split()[0] for line in got["stderr"].splitlines() if "path " in line]
+                out[via.replace("_rtt_ms", "_path")] = paths[-1] if paths else "relay"
+    out[via.replace("_ms", "_over_plain_ms")] = round(out[via] - out["plain_ssh_rtt_ms"], 3)
+    if relayed:  # the plain figure is the first lab's (the same sshd, the same site)
+        del out["plain_ssh_rtt_ms"], out["plain_ssh_rtt_p90_ms"]
+    return out
 
 
 def one_way_mbit(dialer, size: int) -> tuple[float, str]:
@@ -95,15 +150,19 @@ def run(args) -> dict:
             finally:
                 for p in procs:
                     p.stop()
+        (Path(tmp) / "ssh_rtt_ms").mkdir()
+        (Path(tmp) / "ssh_relayed_rtt_ms").mkdir()
+        out.update(ssh_round_trips(args.rounds, Path(tmp), relayed=False))
+        out.update(ssh_round_trips(args.rounds, Path(tmp), relayed=True))
     out["direct_to_tcp"] = round(out["direct_mbit_s"] / out["tcp_mbit_s"], 3) if out.get("tcp_mbit_s") else None
     out["relay_to_tcp"] = round(out["relay_mbit_s"] / out["tcp_mbit_s"], 3) if out.get("tcp_mbit_s") else None
-    out["ssh_round_trip"] = "not measured: SSH does not run over DirectLink yet"
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=int, default=20, help="megabytes per throughput run (default 20)")
+    ap.add_argument("--rounds", type=int, default=300, help="SSH echo round trips measured each way (default 300)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.chdir(ROOT)
@@ -114,7 +173,7 @@ def main() -> int:
         print(json.dumps(result))
     else:
         for k, v in result.items():
-            print(f"{k:>22}: {v}")
+            print(f"{k:>30}: {v}")
     return 0
 
 
