@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from mtgpu.client.signing import generate_key_pair, load_private_key
 from mtgpu.directlink.identity import cluster_key, endpoint_id, issue
 from tests.support.dlmember import CLUSTER, client_env, member_behind_nat, remotegpu
+from tests.support.images import busybox_image, podman_missing
 from tests.support.natlab import NatLab, netlab_missing
 from tests.support.node import free_port, running_node, wait_for
 from tests.support.users import can_create_users, remove_tenant_accounts
@@ -95,6 +99,41 @@ def test_ssh_from_behind_another_nat_reaches_a_member_through_the_relay(tmp_path
         r = stranger(lab, tmp_path / "mallory", dict(entry, key=str(key_path)),
                      dict(entry["directlink"], credential=cred.to_dict()))
         assert r.returncode != 0 and "is no tenant of dl-lab" in r.stderr, r.stderr
+
+
+WEB = "mkdir -p /tmp/www && echo inside-the-workspace > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"
+FETCH = ("import sys, urllib.request\n"
+         "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode().strip())\n")
+
+
+@pytest.mark.skipif(bool(podman_missing()), reason=str(podman_missing()))
+def test_forward_from_behind_another_nat_brings_a_workspace_port_through_the_relay(tmp_path):
+    """`remotegpu-cli forward WS PORT` in site B: the workspace's web port on the member in
+    site A answers on B's localhost, through the same DirectLink path as ssh."""
+    with busybox_image() as image, NatLab() as lab, \
+            member_behind_nat(lab, tmp_path, (380000, 389999), CONTAINERS={
+                "enabled": True, "templates": {"web": {"image": image, "ports": [8080], "command": WEB}}}) as site:
+        pw = wait_for("the tenant's account", lambda: pwd.getpwnam(site.name), timeout_s=60)
+        user = SimpleNamespace(uid=pw.pw_uid, gid=pw.pw_gid, home=pw.pw_dir, name=site.name)
+        r = site.node.run_cli("mtgpu.cli.container", user, "create", "--template", "web", "--name", "web", "--json",
+                              timeout_s=180)
+        assert r.returncode == 0, (r.stderr, site.node.server_log()[-3000:])
+        local = free_port()
+        fwd = subprocess.Popen(lab.prefix("b") + [sys.executable, "-m", "mtgpu.cli.remotegpu", "--home",
+                                                  str(site.home), "forward", "web", "8080", "--local-port", str(local)],
+                               env=client_env(site.home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+        try:
+            def page():
+                r = subprocess.run(lab.prefix("b") + [sys.executable, "-c", FETCH, f"http://127.0.0.1:{local}/"],
+                                   capture_output=True, text=True, timeout=30)
+                return r.returncode == 0 and r.stdout.strip()
+            assert wait_for("the forwarded page in site B", page, timeout_s=90, interval_s=0.5) == \
+                "inside-the-workspace"
+        finally:
+            os.killpg(fwd.pid, signal.SIGTERM)
+            _, err = fwd.communicate(timeout=30)
+        assert "through DirectLink to gpu-a" in err and "forwarding http://localhost:" in err, err
 
 
 def test_a_member_serves_the_relay_itself_with_relay_listen(tmp_path):

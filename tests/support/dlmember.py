@@ -63,7 +63,8 @@ class Site:
 
 
 @contextlib.contextmanager
-def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int]) -> Iterator[Site]:
+def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int], **settings) -> Iterator[Site]:
+    """`settings`: more of the member's config (e.g. CONTAINERS)."""
     name = f"dl{os.getpid() % 10000}{time.monotonic_ns() % 1000}"
     secret = tmp / "cluster.secret"
     secret.write_text(secrets.token_urlsafe(48) + "\n")
@@ -78,7 +79,7 @@ def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int]) -> Ite
         with running_node([], name="gpu-a", start=False, parent_dir="/var/lib", CLUSTER_MODE="cluster",
                           CLUSTER_ID=CLUSTER, CLUSTER_SECRET_FILE=str(secret),
                           LISTEN=f"{lab.host_ip['a']}:{api_port}", SSH_LISTEN=f"127.0.0.1:{ssh_port}",
-                          TENANT_UID_RANGE=list(uid_range), DIRECTLINK={"relays": [relay_at]}) as node:
+                          TENANT_UID_RANGE=list(uid_range), DIRECTLINK={"relays": [relay_at]}, **settings) as node:
             try:
                 node.prefix = lab.prefix("a")
                 node.start(timeout_s=60)
@@ -100,6 +101,8 @@ def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int]) -> Ite
                 assert hosts == [site.host]
                 yield site
             finally:
+                if node.proc is not None and node.proc.poll() is None:
+                    node.cancel_everything()
                 node.terminate()
                 problems = remove_tenant_accounts([name], uid_range)
                 assert not problems, problems
