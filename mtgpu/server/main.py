@@ -15,6 +15,7 @@ from ..agent.local import LocalAgent
 from ..agent.podman.setup import ContainerSettings
 from ..config import Config
 from ..state.journal import JournaledState
+from ..storage.shared import interpreter_publish_root
 from .api.routes import local_app, public_app
 from .cluster.errors import ClusterSetupError
 from .cluster.link import open_cluster_member
@@ -69,7 +70,9 @@ def container_settings(config: Config) -> ContainerSettings | None:
                                     f"alone (mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}); tenants must never "
                                     f"read it: chown root {c.registry_auth_file} && chmod 600 {c.registry_auth_file}")
     shared = config.HOME_LAYOUT == "shared"
-    read_only = [str(p) for p in config.DATASETS_DIRECTORIES] + [str(p.path) for p in config.PYTHON_INTERPRETERS]
+    # the same paths the node publishes read-only (an interpreter inside ENV/bin: all of ENV)
+    read_only = [str(p) for p in config.DATASETS_DIRECTORIES] + [
+        str(interpreter_publish_root(Path(p.path))) for p in config.PYTHON_INTERPRETERS]
     return ContainerSettings(
         images=tuple(c.allowed_images()),
         images_dir=Path(config.TENANT_HOME_ROOT) / ".mtgpu-images" if shared else None,

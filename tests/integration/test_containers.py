@@ -1,5 +1,5 @@
 """Container jobs on real rootless Podman, as real tenants (issue 10): the tenant's uid
-inside, its home read-write, datasets read-only, the cache volume that outlives every
+inside, its home read-write, datasets and the published Python environments read-only, the cache volume that outlives every
 container, only its GPUs (CDI, simulated GPUs with real device nodes) in the main
 process and in `podman exec`, cancel, time limit, exit status, a server restart, images
 staged once and refused when not offered, an archive that fails its digest."""
@@ -45,10 +45,32 @@ def datasets():
 
 
 @pytest.fixture(scope="module")
-def cnode(image, datasets, alice, bob):
+def interpreter():
+    """A published Python environment (PYTHON_INTERPRETERS): a directory with an
+    environment's layout and a module in its site-packages."""
+    top = Path(tempfile.mkdtemp(prefix="mtgpu-python-"))
+    os.chmod(top, 0o755)
+    env = top / "py-env"
+    site = env / "lib" / "python3" / "site-packages"
+    site.mkdir(parents=True)
+    (env / "bin").mkdir()
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (site / "published_marker.py").write_text("PUBLISHED = True\n")
+    for d in (env, env / "bin", env / "lib", env / "lib" / "python3", site):
+        os.chmod(d, 0o755)
+    for f in (env / "pyvenv.cfg", site / "published_marker.py"):
+        os.chmod(f, 0o644)
+    try:
+        yield env
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cnode(image, datasets, interpreter, alice, bob):
     # alice and bob first: a function-scoped `tenant` made before them would leave its uid
     # to one of them, and the node knows that uid as the earlier tenant's
-    with running_node(GPUS2, DATASETS_DIRECTORIES=[str(datasets)],
+    with running_node(GPUS2, DATASETS_DIRECTORIES=[str(datasets)], PYTHON_INTERPRETERS=[str(interpreter)],
                       CONTAINERS={"enabled": True, "images": [image]}) as node:
         wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
         yield node
@@ -104,6 +126,34 @@ def test_a_container_job_runs_as_the_tenant_with_its_home_datasets_and_cache(cno
     # Nothing is left behind: --rm, and no container of the tenant's remains.
     r = mt_podman(cnode, alice, "ps", "-a", "--format", "{{.Names}}")
     assert r.returncode == 0 and r.stdout.strip() == "", r
+
+
+def test_a_container_job_sees_the_published_python_environment_read_only_at_its_own_path(cnode, alice, image,
+                                                                                          interpreter):
+    """A PYTHON_INTERPRETERS environment is bind-mounted read-only at the path it has on the
+    node: the job reads it there; creating a file in it fails with EROFS (the mount is
+    read-only, not only the files' modes) and changing one fails too (the kernel checks the
+    file's mode first, so that one says EACCES), leaving the node's copy as it was."""
+    env = interpreter
+    marker = env / "lib" / "python3" / "site-packages" / "published_marker.py"
+    script = (f"#MTGPU container={image}\n"
+              f"cat {env}/pyvenv.cfg {marker}\n"
+              f"awk -v p={env} '$2 == p {{ print \"options=\" $4 }}' /proc/mounts\n"
+              f"if ( echo x > {env}/new.txt ) 2>/tmp/err; then echo created-writable; "
+              "else echo \"create-refused: $(cat /tmp/err)\"; fi\n"
+              f"if ( echo x >> {marker} ) 2>/tmp/err; then echo changed-writable; "
+              "else echo \"change-refused: $(cat /tmp/err)\"; fi\n")
+    jid = cnode.submit_json(alice, script=script)["job_id"]
+    job = cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+    out = log_of(cnode, alice, jid)
+    assert job["state"] == "completed", (job["reason"][:600], out)
+    assert "home = /usr/bin" in out and "PUBLISHED = True" in out, out  # visible at the node's path
+    options = [line.split("=", 1)[1].split(",") for line in out.splitlines() if line.startswith("options=")]
+    assert options and "ro" in options[0], out  # its own mount, read-only
+    assert "created-writable" not in out and "changed-writable" not in out, out
+    assert f"can't create {env}/new.txt: Read-only file system" in out, out
+    assert "change-refused" in out, out
+    assert not (env / "new.txt").exists() and marker.read_text() == "PUBLISHED = True\n"
 
 
 def test_cpus_and_mem_become_the_containers_limits_and_its_shared_memory(cnode, alice, image):

@@ -6,7 +6,10 @@
   NVML reports for it), the control nodes
   (`/dev/nvidiactl`, `/dev/nvidia-uvm`, ...) for every GPU, and the host's
   libcuda/libnvidia-ml libraries and nvidia-smi mounted read-only at their own paths.
-- AMD: `/dev/kfd` and the GPU's render node; Intel: its render node.
+- AMD: `/dev/kfd` and the GPU's render node; Intel: its render node. The render node is the
+  one sysfs lists under the GPU's PCI device (telemetry/drm.py: the lookup that fences native
+  jobs, through the backend's `device_nodes()`), never guessed from the index; a GPU whose
+  render node is not found gets no device, with a warning saying why.
 - Simulated GPUs: real character device nodes the node creates under
   `/dev/mtgpu/NODE-KEY/gpuN`, with numbers from the majors reserved for local use (240), never
   those of a real device, so the whole path (spec, podman, runc, the node inside the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -29,6 +33,10 @@ import subprocess
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..telemetry import drm
+
+log = logging.getLogger(__name__)
 
 CDI_DIR = Path("/var/run/cdi")
 SIM_MAJOR = 240  # "local/experimental use" (Documentation/admin-guide/devices.txt)
@@ -56,6 +64,7 @@ class CdiSpec:
     path: Path | None = None
     source: str = ""  # "mtgpu", "nvidia-ctk"
     sim_nodes: list[str] = field(default_factory=list)
+    missing: dict[int, str] = field(default_factory=dict)  # GPU index -> why it has no device
 
     def device_args(self, indices: tuple[int, ...]) -> list[str]:
         """podman arguments that give a container these GPUs."""
@@ -63,7 +72,8 @@ class CdiSpec:
         for i in indices:
             name = self.devices.get(i)
             if name is None:
-                raise KeyError(f"GPU {i} has no device in the CDI spec {self.path} (kind {self.kind})")
+                why = f": {self.missing[i]}" if i in self.missing else ""
+                raise KeyError(f"GPU {i} has no device in the CDI spec {self.path} (kind {self.kind}){why}")
             out += ["--device", f"{self.kind}={name}"]
         return out
 
@@ -103,8 +113,15 @@ def remove_sim_nodes(name: str) -> None:
         pass
 
 
+def _paths(nodes: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    """A GPU's entry of `device_nodes()`: one path (NVML) or several (DRM), as a tuple."""
+    if not nodes:
+        return ()
+    return (nodes,) if isinstance(nodes, str) else tuple(nodes)
+
+
 def _nvidia_own(indices: list[int], dev: str, lib_dirs: tuple[str, ...],
-                nodes: dict[int, str] | None) -> tuple[dict, list[dict]]:
+                nodes: dict[int, str | tuple[str, ...]] | None) -> tuple[dict, list[dict], dict[int, str]]:
     control = [p.replace("/dev", dev, 1) for p in NVIDIA_CONTROL]
     common_nodes = [{"path": p} for p in control if os.path.exists(p)]
     mounts = []
@@ -115,22 +132,40 @@ def _nvidia_own(indices: list[int], dev: str, lib_dirs: tuple[str, ...],
     smi = shutil.which("nvidia-smi")
     if smi:
         mounts.append({"hostPath": smi, "containerPath": "/usr/bin/nvidia-smi", "options": ["ro", "nosuid", "nodev", "bind"]})
-    path = {i: (nodes or {}).get(i, f"{dev}/nvidia{i}") for i in indices}
+    path = {i: (_paths((nodes or {}).get(i)) or (f"{dev}/nvidia{i}",))[0] for i in indices}
     devices = [{"name": str(i), "containerEdits": {"deviceNodes": [{"path": path[i]}]}}
                for i in indices if os.path.exists(path[i])]
-    return {"deviceNodes": common_nodes, "mounts": mounts}, devices
+    missing = {i: f"its device node {path[i]} is not on this machine" for i in indices if not os.path.exists(path[i])}
+    return {"deviceNodes": common_nodes, "mounts": mounts}, devices, missing
 
 
-def _render_node(index: int, dev: str) -> str:
-    return f"{dev}/dri/renderD{128 + index}"
+def _drm_device(index: int, vendor: str, nodes: tuple[str, ...] | None, kfd: str) -> tuple[dict | None, str]:
+    """The CDI device of an AMD or Intel GPU from its DRM nodes (drm.nodes_by_gpu, through the
+    backend's `device_nodes()`; None: the backend reports none): its render node, and
+    /dev/kfd for AMD; else None and why."""
+    if nodes is None:
+        return None, "the GPU backend reports no device nodes (device_nodes()), so its render node is unknown"
+    render = drm.render_node(nodes)
+    if render is None:
+        found = f"only {', '.join(nodes)}" if nodes else "no node (the warning from mtgpu.agent.telemetry.drm says why)"
+        return None, f"sysfs shows no render node for its PCI device: {found}"
+    if not os.path.exists(render):
+        return None, f"its render node {render} (from sysfs) is not on this machine"
+    edits = [{"path": render}] + ([{"path": kfd}] if vendor == "amd" and os.path.exists(kfd) else [])
+    return {"name": str(index), "containerEdits": {"deviceNodes": edits}}, ""
 
 
 def write_spec(name: str, vendor_by_index: dict[int, str], simulated: bool,
                cdi_dir: Path = CDI_DIR, dev: str = "/dev", lib_dirs: tuple[str, ...] = LIB_DIRS,
-               nvidia_nodes: dict[int, str] | None = None) -> CdiSpec:
+               gpu_nodes: dict[int, str | tuple[str, ...]] | None = None) -> CdiSpec:
     """Write this member's spec for its GPUs (index -> vendor; `name`: spec_name()); returns
-    what a job needs. `dev`, `lib_dirs`: where device nodes and driver libraries are;
-    `nvidia_nodes`: each NVIDIA GPU's device node as NVML says (its minor number)."""
+    what a job needs. `dev`, `lib_dirs`: where /dev/kfd, NVIDIA's control nodes and the
+    driver libraries are. `gpu_nodes`: each GPU's device nodes as the backend's
+    `device_nodes()` gives them, the same that fence native jobs (agent/local.py): NVIDIA's
+    /dev/nvidiaN by NVML's minor number; AMD's and Intel's /dev/dri nodes of the GPU's PCI
+    device (telemetry/drm.py), of which the device takes the render node. A GPU whose node
+    is not found or not on this machine gets no device (its reason in `missing`, and a
+    warning), as native fencing leaves such a GPU out: never a node guessed from the index."""
     kind = f"mtgpu.local/gpu-{name}"
     indices = sorted(vendor_by_index)
     spec = CdiSpec(kind=kind, source="mtgpu")
@@ -145,13 +180,19 @@ def write_spec(name: str, vendor_by_index: dict[int, str], simulated: bool,
         if nvidia and shutil.which("nvidia-ctk"):
             return _nvidia_ctk(name, nvidia, cdi_dir)
         if nvidia:
-            common, devices = _nvidia_own(nvidia, dev, lib_dirs, nvidia_nodes)
+            common, devices, spec.missing = _nvidia_own(nvidia, dev, lib_dirs, gpu_nodes)
         kfd = f"{dev}/kfd"
         for i in indices:
             v = vendor_by_index[i]
-            if v in ("amd", "intel") and os.path.exists(_render_node(i, dev)):
-                nodes = [{"path": _render_node(i, dev)}] + ([{"path": kfd}] if v == "amd" and os.path.exists(kfd) else [])
-                devices.append({"name": str(i), "containerEdits": {"deviceNodes": nodes}})
+            if v not in ("amd", "intel"):
+                continue
+            device, why = _drm_device(i, v, None if gpu_nodes is None else _paths(gpu_nodes.get(i)), kfd)
+            if device is None:
+                spec.missing[i] = why
+                log.warning("GPU %d (%s) gets no device in the CDI spec, so no container job can be given it: %s",
+                            i, v, why)
+            else:
+                devices.append(device)
     spec.devices = {int(d["name"]): d["name"] for d in devices}
     doc = {"cdiVersion": "0.5.0", "kind": kind, "devices": devices, "containerEdits": common}
     cdi_dir.mkdir(parents=True, exist_ok=True)

@@ -93,7 +93,7 @@ def open_containers(state_dir: Path, node_name: str, settings: ContainerSettings
     gpus = backend.sample()
     nodes = getattr(backend, "device_nodes", None)  # NVML: each GPU's node from its minor number
     cdi = write_spec(spec_name(node_name, podman.key), {g.index: g.vendor for g in gpus},
-                     simulated=backend.name == "simulated", nvidia_nodes=nodes() if nodes else None) if gpus else None
+                     simulated=backend.name == "simulated", gpu_nodes=nodes() if nodes else None) if gpus else None
     root_env = {"CONTAINERS_CONF": str(podman.root / "containers.conf"),
                 "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
     images = ImageStore(settings.images_dir or state_dir / "images", root_env, settings.registry_auth_file)

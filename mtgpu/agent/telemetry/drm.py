@@ -9,6 +9,10 @@ render node, so denying the render node also keeps ROCm compute off the GPU.
 
 NVML prints PCI addresses with an 8-digit domain ("00000000:01:00.0"), AMD SMI and sysfs
 with 4 digits ("0000:c1:00.0"); case varies. `normalize_pci_address` gives sysfs's form.
+
+The same lookup (`nodes_by_gpu`, through each backend's `device_nodes()`) serves the
+fencing of native jobs (agent/local.py) and the CDI spec of container jobs
+(agent/podman/cdi.py, which takes each GPU's render node from it with `render_node`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,19 @@ def drm_nodes(pci_address: str, sys_root: Path = SYS_ROOT, dev_root: Path = DEV_
             if m:
                 found.append((int(m.group(1)), entry.name))
     return tuple(str(Path(dev_root) / "dri" / name) for _, name in sorted(cards) + sorted(renders))
+
+
+def render_node(nodes: str | tuple[str, ...] | list[str] | None) -> str | None:
+    """The render node (/dev/dri/renderDNNN) among a GPU's DRM nodes as `drm_nodes` or
+    `nodes_by_gpu` give them (the lowest-numbered when there are several); None when there is none."""
+    if not nodes:
+        return None
+    found = []
+    for path in (nodes,) if isinstance(nodes, str) else nodes:
+        m = _RENDER.match(Path(path).name)
+        if m:
+            found.append((int(m.group(1)), str(path)))
+    return min(found)[1] if found else None
 
 
 def pci_address_of(device_dir: Path) -> str | None:
