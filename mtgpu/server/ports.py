@@ -11,9 +11,10 @@ announces itself or joins the Raft group.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
+
+import psutil
 
 from .cluster.errors import ClusterSetupError
 
@@ -22,36 +23,32 @@ class PortTaken(ClusterSetupError):
     """A port this node must listen on is in use; the message names it, its holder and the rule."""
 
 
-def _listen_inodes(port: int) -> set[str]:
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    parts = line.split()
-                    if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(parts[9])
-        except (OSError, ValueError, IndexError):
-            continue
-    return inodes
+def tcp_connections() -> list:
+    """psutil's table of this machine's TCP sockets (it decodes addresses with
+    socket.inet_ntop, which state/raft.py puts back after pysyncobj replaced it)."""
+    return psutil.net_connections(kind="tcp")
 
 
 def holder_of(port: int) -> tuple[int, str] | None:
-    """(pid, command line) of a process listening on TCP `port` on this machine, if one is found."""
-    inodes = {f"socket:[{i}]" for i in _listen_inodes(port)}
-    if not inodes:
+    """(pid, command line) of a process listening on TCP `port` on this machine, if one is
+    found. None also when the socket's owner cannot be seen (another user's process, to a
+    process that is not root) or psutil is refused the table: the caller then says
+    "another process" with the bind's own error."""
+    try:
+        conns = tcp_connections()
+    except (psutil.Error, OSError):
         return None
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    pids = sorted({c.pid for c in conns
+                   if c.pid and c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port})
+    for pid in pids:
         try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                        return int(pid), cmd.strip()[:200]
-                except OSError:
-                    continue
-        except OSError:
+            p = psutil.Process(pid)
+            try:
+                cmd = " ".join(p.cmdline())
+            except psutil.AccessDenied:
+                cmd = ""
+            return pid, (cmd.strip() or p.name())[:200]
+        except psutil.Error:
             continue
     return None
 

@@ -23,11 +23,13 @@ not take its running jobs for gone.
 
 from __future__ import annotations
 
+import _socket
 import collections
 import hashlib
 import itertools
 import logging
 import secrets
+import socket
 import threading
 import time
 from pathlib import Path
@@ -35,6 +37,12 @@ from pathlib import Path
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
+
+# pysyncobj 0.3.17 (win_inet_pton.py) replaces socket.inet_ntop on every platform with a
+# Windows-only stand-in that raises TypeError; psutil (server/ports.py, idle_watch.py)
+# and asyncssh decode addresses with it. The standard library's own is put back.
+if socket.inet_ntop is not _socket.inet_ntop:
+    socket.inet_ntop = _socket.inet_ntop
 
 from .machine import StateMachine
 from .raft_files import check_replica_files, stop_on_full_disk

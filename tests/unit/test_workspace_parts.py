@@ -1,8 +1,9 @@
 """The pieces a workspace's container is made of, without Podman: its entry script, what
 `podman inspect` says of an existing one, its URLs, its firewall rules, an SSH login into
-it, and the count of connections to its ports."""
+it, and the count of connections to its ports (real sockets on the loopback)."""
 
 import json
+import socket
 import subprocess
 
 from mtgpu.agent.podman.ports import chain_name, rules
@@ -68,12 +69,16 @@ def test_an_ssh_login_into_a_workspace_runs_mt_container_in_tmux_or_not(monkeypa
     assert workspace_argv("lab; rm -rf ~", None, False, None, "main") is None
 
 
-def test_connections_to_a_workspace_port_are_counted_from_the_tcp_table(tmp_path):
-    table = tmp_path / "tcp"
-    table.write_text(
-        "  sl  local_address rem_address   st tx_queue rx_queue\n"
-        "   0: 0100007F:9C41 00000000:0000 0A 00000000:00000000\n"  # 40001 listening
-        "   1: 0100007F:9C41 0100007F:D431 01 00000000:00000000\n"  # 40001 established
-        "   2: 0100007F:D431 0100007F:9C41 01 00000000:00000000\n")  # the client's end
-    assert established_to({40001}, (str(table),)) == 1
-    assert established_to({40002}, (str(table),)) == 0
+def test_connections_to_a_workspace_port_are_counted_once_each():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert established_to({port}) == 0  # listening is not a connection
+        with socket.create_connection(("127.0.0.1", port)), socket.create_connection(("127.0.0.1", port)):
+            accepted = [server.accept()[0] for _ in range(2)]
+            # the accepted ends have the workspace's port as their local one (the clients' ends do not)
+            assert established_to({port}) == 2
+            for c in accepted:
+                c.close()
+            assert established_to({port}) == 0  # closed from the workspace's side: no longer established

@@ -29,6 +29,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from ...accounts.apply import OsAccountsError, read_os_accounts
 
 PODMAN = shutil.which("podman") or "/usr/bin/podman"
@@ -146,17 +148,23 @@ class PodmanHost:
     def ensure_pause(self, t: TenantPodman) -> None:
         """Start the tenant's rootless pause process from here (outside every job cgroup)
         when it is not running."""
-        pid_file = t.runtime_dir / "libpod" / "tmp" / "pause.pid"
-        try:
-            pid = int(pid_file.read_text().strip())
-            with open(f"/proc/{pid}/status") as f:
-                if any(line.startswith("Uid:") and line.split()[1] == str(t.uid) for line in f):
-                    return
-        except (OSError, ValueError):
-            pass
+        if pause_running(t):
+            return
         r = t.run(["unshare", "true"], timeout_s=60)
         if r.returncode != 0:
             raise PodmanSetupError(f"podman could not start for uid {t.uid}: {last_error(r)}")
+
+
+def pause_running(t: TenantPodman) -> bool:
+    """The pid in the tenant's pause.pid is a live process of the tenant's (its real uid):
+    a stale file, or a pid since taken by another user's process, is not."""
+    try:
+        pid = int((t.runtime_dir / "libpod" / "tmp" / "pause.pid").read_text().strip())
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE and p.uids().real == t.uid
+    except (OSError, ValueError, psutil.Error):
+        return False
+
 
 def subid_problem(uid: int, root: str = "/") -> str | None:
     """Why rootless podman cannot run for `uid` with its subordinate ids, or None."""

@@ -13,30 +13,28 @@ from __future__ import annotations
 
 import logging
 
+import psutil
+
 from ...model.job import Job
 from ...state import commands as C
 from ...state.store import try_commit
 from ...workspaces.idle import Activity, IdleState, observe, started, verdict
+from ..ports import tcp_connections
 
 log = logging.getLogger(__name__)
 
-TCP_ESTABLISHED = "01"
 
-
-def established_to(ports: set[int], tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> int:
-    """Connections in ESTABLISHED state whose local port is one of `ports`."""
-    count = 0
-    for table in tables:
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    parts = line.split()
-                    if len(parts) > 3 and parts[3] == TCP_ESTABLISHED and int(parts[1].rsplit(":", 1)[1], 16) in ports:
-                        count += 1
-        except (OSError, ValueError, IndexError):
-            continue
-    return count
+def established_to(ports: set[int]) -> int:
+    """Connections in ESTABLISHED state whose local port is one of `ports` on this machine,
+    whoever holds them (a connection whose owning process cannot be seen counts too); 0
+    when psutil is refused the table (the sample then shows no port activity)."""
+    try:
+        conns = tcp_connections()
+    except (psutil.Error, OSError):
+        return 0
+    # A socket shared by several processes is one connection: count each pair of ends once.
+    return len({(c.laddr, c.raddr) for c in conns
+                if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port in ports})
 
 
 class IdleWatch:
