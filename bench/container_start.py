@@ -54,13 +54,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, podman_or_users_missing, run_as_root  # noqa: E402 (after the path is set)
+from bench.common import (  # noqa: E402 (after the path is set)
+    percentile, podman_or_users_missing, run_as_root, tenant_node, worker_as, worker_podman)
 
 START_TARGET_MS = 150.0
 STAGE_TARGET = 0.8
 JOB_TIMEOUT_S = 120.0
-
-
 
 
 # ------------------------------------------------------------------ the tenant's side
@@ -74,10 +73,7 @@ def worker(socket_path: str, image: str, jobs: int) -> dict:
     deadline_total = time.monotonic() + jobs * 3 * JOB_TIMEOUT_S
 
     with LocalClient(socket_path, timeout_s=60) as c:
-        got = c.podman_env()
-        penv = dict(got["env"])
-        penv["HOME"] = home
-        podman = got.get("podman") or "podman"
+        podman, penv = worker_podman(c)
 
         def job(tag: str, container: bool) -> dict:
             mark = marks / tag
@@ -302,30 +298,9 @@ def staging(node, user, mb: int, reps: int) -> dict:
 
 def run(jobs: int, big_mb: int, reps: int) -> dict:
     os.chdir(ROOT)
-    from tests.support.images import busybox_image
-    from tests.support.node import PYTHON, running_node, wait_for
-    from tests.support.users import temp_user
-
-    def staged(node) -> dict:
-        with node.client() as c:
-            for n in c.nodes():
-                return (n.get("containers") or {}).get("staged") or {}
-        return {}
-
-    with busybox_image(f"localhost/mtgpu-bench-bb-{secrets.token_hex(3)}:1") as image, \
-            running_node([], CONTAINERS={"enabled": True, "images": [image]}) as node, \
-            temp_user("mtbc") as user:
-        wait_for("the image to be staged", lambda: image in staged(node), timeout_s=120)
-        r = subprocess.run([PYTHON, os.path.abspath(__file__), "--jobs", str(jobs), "--worker", str(node.socket_path),
-                            image],
-                           user=user.uid, group=user.gid, extra_groups=[], capture_output=True, text=True,
-                           cwd=user.home, env={"PATH": "/usr/bin:/bin", "HOME": user.home, "LANG": "C.UTF-8",
-                                               "PYTHONPATH": str(ROOT)},
-                           timeout=jobs * 30 + 600)
-        if r.returncode != 0:
-            raise SystemExit(f"the tenant's worker failed ({r.returncode}):\n{r.stderr[-3000:]}\n"
-                             f"server log:\n{node.server_log()[-3000:]}")
-        w = json.loads(r.stdout)
+    with tenant_node("bb", lambda image: {"images": [image]}, "mtbc") as (image, node, user):
+        w = worker_as(user, node, __file__, ["--jobs", str(jobs), "--worker", str(node.socket_path), image],
+                      timeout_s=jobs * 30 + 600)
         stage = staging(node, user, big_mb, reps)
 
     start = [s["ms"] for s in w["start"]]
@@ -348,8 +323,6 @@ def run(jobs: int, big_mb: int, reps: int) -> dict:
     result["targets_met"] = {"start_overhead_lt_150ms": overhead < START_TARGET_MS,
                              "stage_ge_80pct_of_pipe": result["stage_vs_pipe"] >= STAGE_TARGET}
     return result
-
-
 
 
 def main() -> int:

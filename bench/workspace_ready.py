@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -36,13 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, podman_or_users_missing, run_as_root  # noqa: E402 (after the path is set)
+from bench.common import (  # noqa: E402 (after the path is set)
+    percentile, podman_or_users_missing, run_as_root, tenant_node, worker_as, worker_podman)
 
 TARGET_MS = 300.0
 STEP_TIMEOUT_S = 120.0
 IDLE = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
-
-
 
 
 # ------------------------------------------------------------------ the tenant's side
@@ -52,10 +50,7 @@ def worker(socket_path: str, image: str, count: int) -> dict:
     home = os.environ["HOME"]
     deadline_total = time.monotonic() + count * 4 * STEP_TIMEOUT_S
     with LocalClient(socket_path, timeout_s=60) as c:
-        got = c.podman_env()
-        penv = dict(got["env"])
-        penv["HOME"] = home
-        podman = got.get("podman") or "podman"
+        podman, penv = worker_podman(c)
 
         def pod(*args: str, check: bool = True) -> subprocess.CompletedProcess:
             r = subprocess.run([podman, *args], env=penv, cwd=home, stdin=subprocess.DEVNULL, capture_output=True,
@@ -124,30 +119,9 @@ def worker(socket_path: str, image: str, count: int) -> dict:
 # ------------------------------------------------------------------ root's side
 def run(count: int) -> dict:
     os.chdir(ROOT)
-    from tests.support.images import busybox_image
-    from tests.support.node import PYTHON, running_node, wait_for
-    from tests.support.users import temp_user
-
-    def staged(node) -> dict:
-        with node.client() as c:
-            for n in c.nodes():
-                return (n.get("containers") or {}).get("staged") or {}
-        return {}
-
-    with busybox_image(f"localhost/mtgpu-bench-ws-{secrets.token_hex(3)}:1") as image, \
-            running_node([], CONTAINERS={"enabled": True, "templates": {"plain": image}}) as node, \
-            temp_user("mtbw") as user:
-        wait_for("the image to be staged", lambda: image in staged(node), timeout_s=120)
-        r = subprocess.run([PYTHON, os.path.abspath(__file__), "--workspaces", str(count), "--worker",
-                            str(node.socket_path), image],
-                           user=user.uid, group=user.gid, extra_groups=[], capture_output=True, text=True,
-                           cwd=user.home, env={"PATH": "/usr/bin:/bin", "HOME": user.home, "LANG": "C.UTF-8",
-                                               "PYTHONPATH": str(ROOT)},
-                           timeout=count * 60 + 600)
-        if r.returncode != 0:
-            raise SystemExit(f"the tenant's worker failed ({r.returncode}):\n{r.stderr[-3000:]}\n"
-                             f"server log:\n{node.server_log()[-3000:]}")
-        w = json.loads(r.stdout)
+    with tenant_node("ws", lambda image: {"templates": {"plain": image}}, "mtbw") as (image, node, user):
+        w = worker_as(user, node, __file__, ["--workspaces", str(count), "--worker", str(node.socket_path), image],
+                      timeout_s=count * 60 + 600)
     ready = [x["ms"] for x in w["ready"]]
     ready_p50, bare_p50 = percentile(ready, 50), percentile(w["bare"], 50)
     return {
@@ -163,8 +137,6 @@ def run(count: int) -> dict:
         "overhead_p50_ms": round(ready_p50 - bare_p50, 1),
         "target_met": ready_p50 - bare_p50 <= TARGET_MS,
     }
-
-
 
 
 def main() -> int:
