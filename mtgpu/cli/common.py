@@ -1,4 +1,5 @@
-"""What every CLI shares: printing JSON or rich tables, and exiting with the right status."""
+"""What every CLI shares: printing JSON, rich tables and `show`'s fields, and exiting with
+the right status."""
 
 from __future__ import annotations
 
@@ -68,3 +69,21 @@ def print_jobs_table(jobs: list[dict], tenant: bool = False) -> None:
                       ",".join(j["nodes"]) or "-", gpu_text(j), when(j["submitted_at"]),
                       "-" if j["exit_code"] is None else str(j["exit_code"]), j["reason"] or "")
     out.print(table)
+
+
+def history_line(h: dict) -> str:
+    """One attempt of a job's (or a workspace's) history: where it ran and how it ended,
+    and, when its member reported later that the attempt also ran there to the end (after
+    it was requeued), how it ended there."""
+    line = f"attempt {h['attempt']} on {','.join(h['nodes']) or '-'}: {h['outcome']}"
+    late = h.get("late")
+    if late and not late["taken"]:
+        line += (f"; its member reported later that it also ran there to the end ({late['state']}"
+                 + (f", exit {late['exit_code']}" if late["exit_code"] is not None else "") + ")")
+    return line
+
+
+def print_fields(rows: list[tuple[str, Any]], history: list[dict] | None = None) -> None:
+    """`show`'s layout: one `name  value` line per row, then a `history` line per attempt."""
+    for k, v in [*rows, *(("history", history_line(h)) for h in history or [])]:
+        out.print(f"{k:>10}  {v}", markup=False)

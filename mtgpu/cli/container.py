@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from ..client.local import ClientError, LocalClient
-from .common import err, fail, out, print_json, request
+from .common import err, fail, out, print_fields, print_json, request
 from .joblog import FOLLOW, TAIL, print_log
 from .podman import tenant_podman
 
@@ -125,10 +125,7 @@ def show(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
             ("cpus", spec["cpus"] or "-"), ("mem", spec["mem_bytes"] or "-"),
             ("command", shlex.join(w["command"]) if w["command"] else "(none: kept up idle)")]
     rows += [("port", f"{p['port']} -> {p['url'] or 'not published yet'}") for p in w["ports"]]
-    for h in ws.get("history") or []:
-        rows.append(("history", f"attempt {h['attempt']} on {','.join(h['nodes']) or '-'}: {h['outcome']}"))
-    for k, v in rows:
-        out.print(f"{k:>10}  {v}", markup=False)
+    print_fields(rows, ws.get("history"))
 
 
 @app.command()

@@ -16,7 +16,7 @@ import typer
 from ..client.local import ClientError, LocalClient
 from ..jobfile import DIRECTIVES
 from ..model.job import JobState
-from .common import err, fail, gpu_text, out, print_json, print_jobs_table, request, size, when
+from .common import err, fail, gpu_text, out, print_fields, print_json, print_jobs_table, request, size, when
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, follow_to_end, print_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -147,15 +147,7 @@ def show(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
     ]
     if j["array_index"] is not None:
         rows.insert(2, ("array", f"{j['array_parent']}[{j['array_index']}]"))
-    for h in j.get("history") or []:
-        line = f"attempt {h['attempt']} on {','.join(h['nodes']) or '-'}: {h['outcome']}"
-        late = h.get("late")
-        if late and not late["taken"]:
-            line += (f"; its member reported later that it also ran there to the end ({late['state']}"
-                     + (f", exit {late['exit_code']}" if late["exit_code"] is not None else "") + ")")
-        rows.append(("history", line))
-    for k, v in rows:
-        out.print(f"{k:>10}  {v}", markup=False)
+    print_fields(rows, j.get("history"))
 
 
 @app.command()
