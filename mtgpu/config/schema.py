@@ -440,8 +440,9 @@ class DirectLinkConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
-        True, strict=True, description="connect to `relays` and take tenants' sessions through them (SSH to "
-                                       "this node's tenant sshd, the tenant API); off: no DirectLink at all")
+        True, strict=True, description="connect to `relays`, take tenants' sessions through them (SSH to "
+                                       "this node's tenant sshd, the tenant API) and reach members that do not "
+                                       "answer directly through them (cluster HTTP, Raft); off: no DirectLink at all")
     relays: Annotated[list[PeerAddress], AfterValidator(_unique_relays)] = Field(
         default_factory=list, description="relays (host:port of an `mtgpu-relay` or of a member's relay_listen) this "
                                           "node stays connected to, tried in order; clients are given the same list")
