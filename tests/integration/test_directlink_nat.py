@@ -66,7 +66,8 @@ def test_hard_nat_and_blocked_udp_stay_on_the_relay_and_work(keys, nat):
                 assert not up["direct_possible"], up
             first = dialer.event("first_byte")
             assert first["path"] == "relay"
-            time.sleep(6)  # longer than the punching lasts
+            if nat == "random-fully":  # (with UDP blocked there is no punching to outlast)
+                time.sleep(6)  # longer than the punching lasts
             dialer.tell("send 1000000")
             sent = dialer.event("echoed", timeout_s=60)
             assert sent["path"] == "relay", sent
