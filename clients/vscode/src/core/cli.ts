@@ -1,0 +1,143 @@
+/**
+ * What the extension leaves to remotegpu-cli and ssh: the SSH configuration and
+ * DirectLink (`remotegpu-cli ssh-config`, whose ProxyCommand is `remotegpu-cli proxy`),
+ * a terminal inside a workspace (`remotegpu-cli shell`), a workspace port on localhost
+ * (`remotegpu-cli forward`). The transport exists once, in the Python client; this
+ * module only says which program to run with which arguments, and runs the short ones.
+ */
+
+import { execFile } from "node:child_process";
+
+type Env = Record<string, string | undefined>;
+
+export interface CliOptions {
+  /** remotegpu-cli, on PATH or an absolute path. */
+  cliPath: string;
+  /** remotegpu-cli's folder (`--home`); unset: its default (REMOTEGPU_HOME or ~/.config/remotegpu). */
+  home?: string;
+  /** The ssh config that `ssh-config` writes and `ssh -F` reads; unset: ~/.ssh/config. */
+  sshConfigFile?: string;
+  /** ssh, on PATH or an absolute path. */
+  sshPath?: string;
+  env?: Env;
+  timeoutMs?: number;
+}
+
+export interface Argv {
+  command: string;
+  args: string[];
+}
+
+export interface SshConfigResult {
+  file: string;
+  /** NODE.CLUSTER for every node reached through DirectLink. */
+  hosts: string[];
+  /** What remotegpu-cli said on stderr (servers skipped, servers that could not be asked). */
+  notes: string[];
+}
+
+export class CliError extends Error {
+  constructor(message: string, readonly exitCode: number | null = null) {
+    super(message);
+  }
+}
+
+interface Ran {
+  stdout: string;
+  stderr: string;
+}
+
+function run(command: string, args: string[], env: Env | undefined, timeoutMs: number): Promise<Ran> {
+  return new Promise((resolve, reject) => {
+    execFile(command, args, { env: env as NodeJS.ProcessEnv | undefined, timeout: timeoutMs, maxBuffer: 8 << 20,
+                              windowsHide: true }, (err, stdout, stderr) => {
+      if (err) {
+        const e = err as NodeJS.ErrnoException & { code?: string | number; killed?: boolean };
+        if (e.code === "ENOENT") {
+          reject(new CliError(`${command} was not found: install mtgpu's client (pip install mtgpu) or set its path ` +
+            "in the settings (remoteGpu.cliPath, remote.SSH.path)"));
+        } else if (e.killed) {
+          reject(new CliError(`${command} ${args.join(" ")} took more than ${timeoutMs / 1000} s and was stopped`));
+        } else {
+          const said = String(stderr).trim() || String(stdout).trim() || e.message;
+          reject(new CliError(`${command} ${args.join(" ")} failed: ${said}`, typeof e.code === "number" ? e.code : null));
+        }
+        return;
+      }
+      resolve({ stdout: String(stdout), stderr: String(stderr) });
+    });
+  });
+}
+
+export class RemoteGpuCli {
+  constructor(private readonly o: CliOptions) {}
+
+  private base(): string[] {
+    return this.o.home ? ["--home", this.o.home] : [];
+  }
+
+  argv(...args: string[]): Argv {
+    return { command: this.o.cliPath, args: [...this.base(), ...args] };
+  }
+
+  /**
+   * `remotegpu-cli ssh-config --json`: writes a Host NODE.CLUSTER for every node of every
+   * joined cluster with DirectLink (host keys pinned) and says which hosts it wrote.
+   */
+  async sshConfig(): Promise<SshConfigResult> {
+    const a = this.argv("ssh-config", "--json", ...(this.o.sshConfigFile ? ["--file", this.o.sshConfigFile] : []));
+    const r = await run(a.command, a.args, this.o.env, this.o.timeoutMs ?? 60000);
+    let parsed: { file?: unknown; hosts?: unknown };
+    try {
+      parsed = JSON.parse(r.stdout);
+    } catch {
+      throw new CliError(`remotegpu-cli ssh-config printed no JSON: ${r.stdout.slice(0, 300)} ${r.stderr.slice(0, 300)}`);
+    }
+    if (typeof parsed.file !== "string" || !Array.isArray(parsed.hosts)) {
+      throw new CliError(`remotegpu-cli ssh-config answered ${r.stdout.slice(0, 300)}, not {file, hosts}`);
+    }
+    const notes = r.stderr.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => l.replace(/^remotegpu: /, ""));
+    return { file: parsed.file, hosts: parsed.hosts.map(String), notes };
+  }
+
+  /** A terminal inside a workspace, on its node, in tmux (`remotegpu-cli shell WS`). */
+  shellArgv(workspace: string, server: string): Argv {
+    return this.argv("shell", workspace, "--server", server);
+  }
+
+  /** A workspace's port on this computer's localhost until the terminal is closed. */
+  forwardArgv(workspace: string, port: number, server: string, localPort?: number): Argv {
+    return this.argv("forward", workspace, String(port), "--server", server,
+      ...(localPort ? ["--local-port", String(localPort)] : []));
+  }
+
+  /** ssh to a Host that ssh-config wrote; with `workspace`, into that workspace (the node's sshd accepts MTGPU_WORKSPACE). */
+  sshArgv(host: string, opts: { command?: string[]; workspace?: string; batch?: boolean } = {}): Argv {
+    const args: string[] = [];
+    if (this.o.sshConfigFile) {
+      args.push("-F", this.o.sshConfigFile);
+    }
+    if (opts.batch) {
+      args.push("-o", "BatchMode=yes");
+    }
+    if (opts.workspace) {
+      args.push("-o", `SetEnv=MTGPU_WORKSPACE=${opts.workspace}`);
+      if (!opts.command?.length) {
+        args.push("-t");
+      }
+    }
+    args.push(host, ...(opts.command ?? []));
+    return { command: this.o.sshPath || "ssh", args };
+  }
+
+  /** The tenant's home on a node, asked over ssh (where Remote-SSH opens by default). */
+  async remoteHome(host: string): Promise<string> {
+    const a = this.sshArgv(host, { command: ["printenv", "HOME"], batch: true });
+    const r = await run(a.command, a.args, this.o.env, this.o.timeoutMs ?? 60000);
+    const home = r.stdout.trim().split("\n").pop() ?? "";
+    if (!home.startsWith("/")) {
+      throw new CliError(`ssh ${host} printenv HOME answered ${JSON.stringify(r.stdout.slice(0, 200))}, not a folder`);
+    }
+    return home;
+  }
+}
