@@ -4,6 +4,8 @@ gets exactly one set of jobs: the state machine remembers each submission's key.
 import asyncio
 import threading
 
+import pytest
+
 from mtgpu.model.job import ArraySpec, JobSpec
 from mtgpu.server.api.batching import SubmitBatcher
 from mtgpu.state import commands as C
@@ -82,20 +84,18 @@ def test_a_submission_answered_leader_changed_is_proposed_again_and_makes_one_jo
     assert list(store.machine.jobs) == [answer["job_id"]]
 
 
+def submit_once(batcher: SubmitBatcher) -> dict:
+    async def go():
+        return await batcher.submit(tenant="alice", uid=2001, gid=2001, spec=spec())
+    return asyncio.run(go())
+
+
 def test_a_cluster_that_never_decides_gets_the_error_after_the_retry_time(monkeypatch):
     monkeypatch.setattr("mtgpu.server.api.batching.RETRY_FOR_S", 1.0)
     store = LeaderChangingStore(failures=10**6)
-    batcher = SubmitBatcher(store, clock=lambda: 5.0)
-
-    async def go():
-        return await batcher.submit(tenant="alice", uid=2001, gid=2001, spec=spec())
-
-    try:
-        asyncio.run(go())
-    except ReplicationError as e:
-        assert "reason 5" in str(e) and "proposed" in str(e)
-    else:
-        raise AssertionError("no error after the retry time")
+    with pytest.raises(ReplicationError) as e:
+        submit_once(SubmitBatcher(store, clock=lambda: 5.0))
+    assert "reason 5" in str(e.value) and "proposed" in str(e.value)
     assert len(store.machine.jobs) == 1  # every proposal after the first found the first's job
 
 
@@ -106,17 +106,8 @@ def test_no_leader_at_all_is_answered_at_once_not_proposed_again():
             callback(None, ReplicationError("the cluster has no leader right now"))
 
     store = NoLeader(failures=0)
-    batcher = SubmitBatcher(store, clock=lambda: 5.0)
-
-    async def go():
-        return await batcher.submit(tenant="alice", uid=2001, gid=2001, spec=spec())
-
-    try:
-        asyncio.run(go())
-    except ReplicationError as e:
-        assert "no leader" in str(e)
-    else:
-        raise AssertionError("no error")
+    with pytest.raises(ReplicationError, match="no leader"):
+        submit_once(SubmitBatcher(store, clock=lambda: 5.0))
     assert store.proposals == 1
 
 
