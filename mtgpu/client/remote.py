@@ -23,6 +23,7 @@ class RemoteClient:
         self._key = load_private_key(key_path) if key_path is not None else None
         self._http = httpx.Client(base_url=f"http://{server}", timeout=timeout_s)
         self.on_close = None  # e.g. the DirectLink tunnel it goes through
+        self.path = "direct"  # how it reaches the node: direct, or through DirectLink ("p2p" or "relayed")
 
     def close(self) -> None:
         self._http.close()
@@ -85,8 +86,20 @@ class RemoteClient:
     def cancel(self, job_id: int) -> dict:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
+    def nodes(self) -> list[dict]:
+        """The cluster's members with their GPUs' live use (what a tenant may see)."""
+        return self._call("GET", "/v1/nodes")
+
     def workspaces(self) -> list[dict]:
         return self._call("GET", "/v1/workspaces")
+
+    def create_workspace(self, body: dict) -> dict:
+        """Create a workspace: body as `POST /v1/workspaces` takes it (template or image, name, ...)."""
+        return self._call("POST", "/v1/workspaces", body)
+
+    def workspace_action(self, name: str, action: str) -> dict:
+        """start, stop or rm one of your workspaces."""
+        return self._call("POST", f"/v1/workspaces/{name}/{action}")
 
     def workspace(self, name: str) -> dict:
         return self._call("GET", f"/v1/workspaces/{name}")

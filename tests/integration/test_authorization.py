@@ -52,6 +52,7 @@ LOCAL_RULES = {
 PUBLIC_RULES = {
     ("GET", "/v1/health"): "public", ("GET", "/v1/info"): "public", ("POST", "/v1/join"): "public",
     ("GET", "/v1/me"): "tenant", ("GET", "/v1/directlink"): "tenant",
+    ("GET", "/v1/nodes"): "tenant",
     **{k: v for k, v in LOCAL_RULES.items() if k[1].startswith(("/v1/jobs", "/v1/workspaces"))},
 }
 CLUSTER_RULES = {

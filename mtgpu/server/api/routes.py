@@ -245,6 +245,13 @@ def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
         who = await identify(request)
         return await run_in_threadpool(tenants.directlink, who, id)
 
+    @app.get("/v1/nodes")
+    async def nodes(request: Request) -> list[dict]:
+        """The members and their GPUs' live use, as the local socket shows it to a
+        non-admin (the terminal app's servers view)."""
+        who = await identify(request)
+        return await run_in_threadpool(service.nodes, who)
+
     add_job_routes(app, service, identify)
 
     if service.member.link.is_cluster:
