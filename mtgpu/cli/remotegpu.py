@@ -1,5 +1,6 @@
 """remotegpu-cli: a tenant's client from any computer. `join` redeems an invite code
 with your key; the other commands talk to the servers you joined, signed with it.
+With no command it opens the terminal app (servers, jobs, workspaces; `?` lists its keys).
 
 Servers you joined are kept in ~/.config/remotegpu/servers.json; the key is
 ~/.config/remotegpu/id_ed25519 unless you give your own with --key.
@@ -19,17 +20,31 @@ from rich.table import Table
 
 from ..client.remote import RemoteClient
 from ..client.signing import BadKey, generate_key_pair, load_private_key, public_line
+from ..tui.rows import SERVER_COLUMNS, server_rows, snapshot_json
+from ..tui.source import Cluster, group_by_cluster
 from .common import fail, out, print_json, print_jobs_table, request
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, print_log
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
 
 
-@app.callback()
-def _options(home: Optional[Path] = typer.Option(None, "--home", help="the folder of servers.json and the key "
-                                                 "(default ~/.config/remotegpu, or $REMOTEGPU_HOME)")) -> None:
+@app.callback(invoke_without_command=True)
+def _options(ctx: typer.Context,
+             home: Optional[Path] = typer.Option(None, "--home", help="the folder of servers.json and the key "
+                                                 "(default ~/.config/remotegpu, or $REMOTEGPU_HOME)"),
+             refresh_s: float = typer.Option(1.5, "--refresh", min=0.2, max=60.0,
+                                             help="the terminal app's refresh period in seconds")) -> None:
+    """With no command: the keyboard-driven terminal app (docs/TUI.md; `?` lists its keys)."""
     if home is not None:
         os.environ["REMOTEGPU_HOME"] = str(home.absolute())
+    if ctx.invoked_subcommand is None:
+        entries = _servers()
+        if not entries:
+            fail("no server joined yet: remotegpu-cli join CODE --server HOST:PORT (remotegpu-cli --help lists "
+                 "the commands)", 2)
+        # textual is loaded for the app only, not for every scripted command
+        from ..tui.app import run
+        run(entries, connect=lambda e: _client(e, timeout_s=LIVE_TIMEOUT_S), refresh_s=refresh_s)
 
 
 def config_dir() -> Path:
@@ -65,7 +80,10 @@ def _server(name: Optional[str]) -> dict:
     fail(f"no joined server {name!r}; joined: {', '.join(s['server'] for s in servers)}", 2)
 
 
-def _client(entry: dict) -> RemoteClient:
+LIVE_TIMEOUT_S = 5.0  # the app and `servers --live`: a server slower than this shows as not answering
+
+
+def _client(entry: dict, timeout_s: float = 30.0) -> RemoteClient:
     """A client of the entry's server: straight to it when it answers, else through
     DirectLink to the same node (said on stderr, with the path: relayed or direct)."""
     info = entry.get("directlink") or {}
@@ -77,10 +95,11 @@ def _client(entry: dict) -> RemoteClient:
             host, port = tunnel.start()
             print(f"remotegpu: {entry['server']} does not answer directly; through DirectLink to {entry['node']} "
                   f"({'direct' if tunnel.path == 'direct' else 'relayed'})", file=sys.stderr, flush=True)
-            client = RemoteClient(f"{host}:{port}", entry["tenant"], Path(entry["key"]))
+            client = RemoteClient(f"{host}:{port}", entry["tenant"], Path(entry["key"]), timeout_s=timeout_s)
             client.on_close = tunnel.close
+            client.path = "p2p" if tunnel.path == "direct" else "relayed"
             return client
-    return RemoteClient(entry["server"], entry["tenant"], Path(entry["key"]))
+    return RemoteClient(entry["server"], entry["tenant"], Path(entry["key"]), timeout_s=timeout_s)
 
 
 def _connect(server: Optional[str]):
@@ -120,8 +139,13 @@ def join(
 
 
 @app.command()
-def servers(json_out: bool = typer.Option(False, "--json")) -> None:
-    """The servers you joined."""
+def servers(json_out: bool = typer.Option(False, "--json"),
+            live: bool = typer.Option(False, "--live", help="ask every joined cluster for its nodes, GPUs, live "
+                                      "use and your jobs there (the terminal app's servers view)")) -> None:
+    """The servers you joined (with --live: their nodes and GPUs now)."""
+    if live:
+        _servers_live(json_out)
+        return
     rows = _servers()
     if json_out:
         print_json(rows)
@@ -130,6 +154,25 @@ def servers(json_out: bool = typer.Option(False, "--json")) -> None:
     for s in rows:
         table.add_row(s["server"], s["cluster_id"], s["tenant"], str(s["uid"]))
     out.print(table)
+
+
+def _servers_live(json_out: bool) -> None:
+    """The servers view for scripts: one fetch of every joined cluster; a cluster that does
+    not answer is listed with its error (and the exit status is 1)."""
+    clusters = [Cluster(name, es, lambda e: _client(e, timeout_s=LIVE_TIMEOUT_S))
+                for name, es in group_by_cluster(_servers()).items()]
+    snapshots = [c.fetch() for c in clusters]
+    for c in clusters:
+        c.drop()
+    if json_out:
+        print_json([snapshot_json(s) for s in snapshots])
+    else:
+        table = Table(*SERVER_COLUMNS, box=None)
+        for row in server_rows(snapshots):
+            table.add_row(*row.cells)
+        out.print(table)
+    if any(s.error for s in snapshots):
+        raise typer.Exit(1)
 
 
 @app.command()

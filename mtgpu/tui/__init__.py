@@ -1,0 +1,1 @@
+"""The terminal app behind remotegpu-cli (docs/TUI.md): view model, data source, textual views."""

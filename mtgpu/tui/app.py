@@ -1,0 +1,370 @@
+"""The terminal app behind `remotegpu-cli` (no subcommand): servers, jobs and workspaces
+of every cluster joined, refreshed live. Keys are listed by `?` (docs/TUI.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from textual.app import App, ComposeResult, SuspendNotSupported
+from textual.binding import Binding
+from textual.widgets import ContentSwitcher, Footer, Input, Static
+
+from .commands import COMMANDS, Command, CommandError, parse_command, workspace_body
+from .rows import ClusterSnapshot, Row, filter_rows, job_rows, server_rows, sort_rows, workspace_rows
+from .screens import ConfirmScreen, HelpScreen, LogScreen
+from .source import Cluster, group_by_cluster, merge
+from .tables import TABLES, RowTable
+
+VIEWS = {"servers": server_rows, "jobs": job_rows, "workspaces": workspace_rows}
+CLI = [sys.executable, "-m", "mtgpu.cli.remotegpu"]  # the scriptable twin, for terminals and forwards
+
+
+class RemoteGpuApp(App):
+    CSS = """
+    #title { height: 1; background: $primary; color: $text; padding: 0 1; }
+    #status { height: 1; padding: 0 1; }
+    RowTable { height: 1fr; }
+    Input { display: none; }
+    Input.shown { display: block; }
+    #help, #confirm { width: 90%; height: auto; max-height: 90%; border: thick $primary; background: $surface;
+                      padding: 1 2; }
+    HelpScreen, ConfirmScreen { align: center middle; }
+    #log-title { height: 1; background: $primary; padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("1", "view('servers')", "servers"),
+        Binding("2", "view('jobs')", "jobs"),
+        Binding("3", "view('workspaces')", "workspaces"),
+        Binding("slash", "filter", "filter"),
+        Binding("colon", "command", "command"),
+        Binding("question_mark", "help", "keys"),
+        Binding("o", "sort", "sort"),
+        Binding("r", "refresh_now", "refresh"),
+        Binding("q", "quit", "quit"),
+        Binding("escape", "close_input", "close", show=False),
+    ]
+
+    def __init__(self, entries: list[dict], connect: Callable[[dict], Any], refresh_s: float = 1.5,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.clusters = {name: Cluster(name, es, connect, clock) for name, es in group_by_cluster(entries).items()}
+        self.snapshots: dict[str, ClusterSnapshot] = {}
+        self.refresh_s = refresh_s
+        self.current = "servers"
+        self.filters = {v: "" for v in VIEWS}
+        self.sorting = {v: (0, False) for v in VIEWS}
+        self._in_flight: set[str] = set()
+        self._input_mode = ""
+        self.forwards: dict[tuple[str, str, int], subprocess.Popen] = {}
+
+    # ------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield Static("", id="title", markup=False)
+        with ContentSwitcher(initial="servers"):
+            for table in TABLES:
+                yield table()
+        yield Input(id="prompt", select_on_focus=False)
+        yield Static("", id="status", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._show_title()
+        self.table().focus()
+        self.action_refresh_now()
+        self.set_interval(self.refresh_s, self.action_refresh_now)
+
+    def table(self, view: str | None = None) -> RowTable:
+        return self.query_one(f"#{view or self.current}", RowTable)
+
+    def say(self, text: str) -> None:
+        self.query_one("#status", Static).update(text)
+
+    def _show_title(self) -> None:
+        parts = []
+        for name in self.clusters:
+            s = self.snapshots.get(name)
+            parts.append(f"{name}: " + ("..." if s is None else "unreachable" if s.error else s.path))
+        views = "  ".join(f"[{i}] {v}" if v != self.current else f"<{i} {v}>" for i, v in enumerate(VIEWS, 1))
+        f = self.filters[self.current]
+        self.query_one("#title", Static).update(f"remotegpu  {views}   {' | '.join(parts)}"
+                                                + (f"   filter: {f}" if f else ""))
+
+    def rows(self, view: str) -> list[Row]:
+        """What the view shows now: its rows, filtered and sorted."""
+        snapshots = [self.snapshots[n] for n in self.clusters if n in self.snapshots]
+        column, reverse = self.sorting[view]
+        return sort_rows(filter_rows(VIEWS[view](snapshots), self.filters[view]), column, reverse)
+
+    def render_view(self) -> None:
+        self.table().show(self.rows(self.current))
+        self._show_title()
+
+    # ------------------------------------------------------------ refresh
+    def action_refresh_now(self) -> None:
+        for name, cluster in self.clusters.items():
+            if name not in self._in_flight:
+                self._in_flight.add(name)
+                self.run_worker(lambda c=cluster: self._fetch(c), thread=True, group="fetch")
+
+    def _fetch(self, cluster: Cluster) -> None:
+        snapshot = cluster.fetch()
+        try:
+            self.call_from_thread(self._arrived, snapshot)
+        except RuntimeError:  # the app has ended meanwhile
+            pass
+
+    def _arrived(self, snapshot: ClusterSnapshot) -> None:
+        self._in_flight.discard(snapshot.cluster)
+        self.snapshots[snapshot.cluster] = merge(self.snapshots.get(snapshot.cluster), snapshot)
+        self.render_view()
+
+    # ------------------------------------------------------------ views, filter, sort, help
+    def action_view(self, view: str) -> None:
+        self.current = view
+        self.query_one(ContentSwitcher).current = view
+        self.render_view()
+        self.table().focus()
+
+    def action_filter(self) -> None:
+        self._open_input("filter", self.filters[self.current], "filter: words every shown row contains")
+
+    def action_command(self) -> None:
+        self._open_input("command", "", "command (? lists them): e.g. cancel 12, create template web")
+
+    def _open_input(self, mode: str, value: str, placeholder: str) -> None:
+        prompt = self.query_one("#prompt", Input)
+        self._input_mode = mode
+        prompt.value, prompt.placeholder = value, placeholder
+        prompt.cursor_position = len(value)
+        prompt.add_class("shown")
+        prompt.focus()
+
+    def action_close_input(self) -> None:
+        prompt = self.query_one("#prompt", Input)
+        if self._input_mode:
+            self._input_mode = ""
+            prompt.remove_class("shown")
+            self.table().focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if self._input_mode == "filter":
+            self.filters[self.current] = event.value
+            self.render_view()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        mode = self._input_mode
+        self.action_close_input()
+        if mode == "command" and event.value.strip():
+            try:
+                self.run_command(parse_command(event.value))
+            except CommandError as e:
+                self.say(str(e))
+
+    def action_sort(self) -> None:
+        column, reverse = self.sorting[self.current]
+        columns = self.table().headings
+        self.sorting[self.current] = ((column + 1) % len(columns), False)
+        self.say(f"sorted by {columns[self.sorting[self.current][0]]}")
+        self.render_view()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(help_text()))
+
+    # ------------------------------------------------------------ jobs
+    def _selected(self, view: str) -> Row | None:
+        if self.current != view:
+            return None
+        row = self.table().selected()
+        if row is None:
+            self.say(f"no {view[:-1]} selected")
+        return row
+
+    def on_row_table_row_selected(self, event: RowTable.RowSelected) -> None:
+        if self.current == "jobs":
+            self.action_logs()
+
+    def action_logs(self, row: Row | None = None) -> None:
+        row = row or self._selected("jobs")
+        if row is not None:
+            self.push_screen(LogScreen(self.clusters[row.ref["cluster"]], row.ref["job_id"]))
+
+    def action_cancel_job(self, row: Row | None = None) -> None:
+        row = row or self._selected("jobs")
+        if row is None:
+            return
+        cluster, job_id = row.ref["cluster"], row.ref["job_id"]
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._act(cluster, lambda c: c.cancel(job_id), f"cancelled job {job_id} on {cluster}",
+                          f"could not cancel job {job_id} on {cluster}")
+            else:
+                self.say(f"job {job_id} left as it is")
+        self.push_screen(ConfirmScreen(f"cancel job {job_id} on {cluster}?"), answered)
+
+    def _act(self, cluster: str, what: Callable[[Any], Any], done: str, failed: str) -> None:
+        """Run an action in a thread; say how it went and refresh."""
+        def work() -> None:
+            try:
+                self.clusters[cluster].call(what)
+                text = done
+            except Exception as e:  # noqa: BLE001 - shown, the app keeps running
+                text = f"{failed}: {e}"
+            self.call_from_thread(self.say, text)
+            self.call_from_thread(self.action_refresh_now)
+        self.say("working...")
+        self.run_worker(work, thread=True, group="act")
+
+    # ------------------------------------------------------------ workspaces
+    def action_create_workspace(self) -> None:
+        self._open_input("command", "create template ", "create template NAME | create image REF [name=WS]")
+
+    def action_workspace(self, action: str, row: Row | None = None) -> None:
+        row = row or self._selected("workspaces")
+        if row is None:
+            return
+        cluster, name = row.ref["cluster"], row.ref["name"]
+        verb = {"start": "started", "stop": "stopped", "rm": "removed"}[action]
+        run = lambda: self._act(cluster, lambda c: c.workspace_action(name, action),  # noqa: E731
+                                f"{verb} workspace {name} on {cluster}", f"could not {action} workspace {name}")
+        if action == "rm":
+            self.push_screen(ConfirmScreen(f"remove workspace {name} on {cluster} (its container goes)?"),
+                             lambda yes: run() if yes else self.say(f"workspace {name} kept"))
+        else:
+            run()
+
+    def _running_workspace(self) -> Row | None:
+        row = self._selected("workspaces")
+        if row is not None and row.ref["state"] != "running":
+            self.say(f"workspace {row.ref['name']} is {row.ref['state']}: start it first (s)")
+            return None
+        return row
+
+    def action_terminal(self) -> None:
+        row = self._running_workspace()
+        if row is None:
+            return
+        entry = self.clusters[row.ref["cluster"]].entry
+        argv = CLI + ["shell", row.ref["name"], "--server", entry["server"]]
+        try:
+            with self.suspend():
+                code = subprocess.run(argv).returncode
+        except SuspendNotSupported:
+            self.say(f"this terminal cannot hand itself over: run remotegpu-cli shell {row.ref['name']}")
+            return
+        self.say(f"back from workspace {row.ref['name']} (exit {code})")
+
+    def action_forward(self) -> None:
+        row = self._running_workspace()
+        if row is None:
+            return
+        if not row.ref["ports"]:
+            self.say(f"workspace {row.ref['name']} publishes no port (create it with ports=PORT)")
+            return
+        entry = self.clusters[row.ref["cluster"]].entry
+        started = []
+        for port in row.ref["ports"]:
+            key = (row.ref["cluster"], row.ref["name"], port)
+            if key in self.forwards and self.forwards[key].poll() is None:
+                started.append(f"{port} (already)")
+                continue
+            self.forwards[key] = subprocess.Popen(
+                CLI + ["forward", row.ref["name"], str(port), "--server", entry["server"]],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            started.append(f"http://localhost:{port}")
+        self.say(f"forwarding {', '.join(started)} to {row.ref['name']} until you quit")
+        self.set_timer(3.0, self._check_forwards)
+
+    def _check_forwards(self) -> None:
+        for (cluster, name, port), proc in list(self.forwards.items()):
+            if proc.poll() is not None:
+                why = (proc.stderr.read() if proc.stderr else "").strip().splitlines()
+                self.say(f"forward of {name} port {port} ended: {why[-1] if why else f'exit {proc.returncode}'}")
+                del self.forwards[(cluster, name, port)]
+
+    def action_vscode(self) -> None:
+        self.say("open in VS Code is not available in the app yet: run `remotegpu-cli ssh-config`, then VS Code "
+                 "Remote-SSH to NODE.CLUSTER")
+
+    def on_unmount(self) -> None:
+        for proc in self.forwards.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for cluster in self.clusters.values():
+            cluster.drop()
+
+    # ------------------------------------------------------------ the command line
+    def _cluster_for(self, cmd: Command) -> str:
+        name = cmd.options.get("cluster")
+        if name is None:
+            row = self.table().selected()
+            name = row.ref.get("cluster") if row else next(iter(self.clusters))
+        if name not in self.clusters:
+            raise CommandError(f"no joined cluster {name!r}; joined: {', '.join(self.clusters)}")
+        return name
+
+    def run_command(self, cmd: Command) -> None:
+        if cmd.name in VIEWS:
+            self.action_view(cmd.name)
+        elif cmd.name == "quit":
+            self.exit()
+        elif cmd.name == "help":
+            self.action_help()
+        elif cmd.name == "refresh":
+            self.action_refresh_now()
+            self.say("asking every cluster")
+        elif cmd.name == "filter":
+            self.filters[self.current] = " ".join(cmd.args)
+            self.render_view()
+        elif cmd.name == "sort":
+            self._sort_by(cmd)
+        elif cmd.name in ("cancel", "logs"):
+            cluster, job_id = self._cluster_for(cmd), int(cmd.args[0])
+            row = Row(f"{cluster}/{job_id}", (), {"cluster": cluster, "job_id": job_id})
+            (self.action_cancel_job if cmd.name == "cancel" else self.action_logs)(row)
+        elif cmd.name in ("start", "stop", "rm"):
+            cluster = self._cluster_for(cmd)
+            self.action_workspace(cmd.name, Row(f"{cluster}/{cmd.args[0]}", (),
+                                                {"cluster": cluster, "name": cmd.args[0]}))
+        elif cmd.name == "create":
+            if cmd.args[0] == "devcontainer":
+                raise CommandError("creating from a devcontainer.json is not available in the app yet: run "
+                                   "mt-container create --devcontainer DIR on a node")
+            cluster = self._cluster_for(cmd)
+            body = workspace_body(cmd)
+            self._act(cluster, lambda c: c.create_workspace(body), f"created workspace from {cmd.args[0]} "
+                      f"{cmd.args[1]} on {cluster}", "could not create the workspace")
+
+    def _sort_by(self, cmd: Command) -> None:
+        columns = [c.lower() for c in self.table().headings]
+        wanted = cmd.args[0].lower()
+        match = [i for i, c in enumerate(columns) if c.startswith(wanted)]
+        if not match:
+            raise CommandError(f"no column {cmd.args[0]!r} here; the columns: {', '.join(columns)}")
+        self.sorting[self.current] = (match[0], "desc" in cmd.args[1:])
+        self.render_view()
+
+
+def help_text() -> str:
+    """Every key of the app and its views, and the commands of `:`."""
+    lines = ["Keys everywhere"]
+    lines += [f"  {_key(b.key):8} {b.description}" for b in RemoteGpuApp.BINDINGS if b.show or b.key == "escape"]
+    for table in TABLES:
+        if table.BINDINGS:
+            lines += ["", f"In {table.view} (Enter on a job: follow its log)" if table.view == "jobs"
+                      else f"In {table.view}"]
+            lines += [f"  {_key(b.key):8} {b.description}" for b in table.BINDINGS]
+    lines += ["", "Commands (:)"] + [f"  {k:46} {v}" for k, v in COMMANDS.items()]
+    lines += ["", "Esc or ? closes this."]
+    return "\n".join(lines)
+
+
+def _key(key: str) -> str:
+    return {"slash": "/", "colon": ":", "question_mark": "?", "escape": "Esc"}.get(key, key)
+
+
+def run(entries: list[dict], connect: Callable[[dict], Any], refresh_s: float = 1.5) -> None:
+    RemoteGpuApp(entries, connect, refresh_s).run()

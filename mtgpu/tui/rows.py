@@ -1,0 +1,170 @@
+"""The terminal app's view model: what each view shows, as plain rows built from what
+the clusters answered. Pure functions (no textual, no network), so that the rows, their
+order and the filter are unit-tested and the benchmark times the same code the app runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1024 ** 3
+
+SERVER_COLUMNS = ("CLUSTER", "NODE", "STATE", "GPUS", "UTIL %", "VRAM GiB used/total", "FREE", "MY JOBS", "PATH")
+JOB_COLUMNS = ("CLUSTER", "ID", "NAME", "STATE", "NODES", "GPUS", "EXIT", "REASON")
+WORKSPACE_COLUMNS = ("CLUSTER", "NAME", "STATE", "NODE", "IMAGE", "PORTS", "REASON")
+
+
+@dataclass
+class ClusterSnapshot:
+    """What one joined cluster answered at `fetched_at` (or why it did not: `error`)."""
+
+    cluster: str
+    server: str
+    tenant: str
+    path: str = "direct"
+    nodes: list[dict] | None = None
+    jobs: list[dict] | None = None
+    workspaces: list[dict] | None = None
+    error: str | None = None
+    fetched_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a view: `key` stays the same across refreshes (the table updates it in
+    place), `ref` is what an action on the line acts on (cluster and job id or workspace)."""
+
+    key: str
+    cells: tuple[str, ...]
+    ref: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / GIB:.0f}" if n >= 10 * GIB or n == 0 else f"{n / GIB:.1f}"
+
+
+def gpu_summary(gpus: list[dict]) -> str:
+    """'8x H100' or '1x A100, 2x T4' (the models, counted)."""
+    counts: dict[str, int] = {}
+    for g in gpus:
+        counts[g.get("model") or "?"] = counts.get(g.get("model") or "?", 0) + 1
+    return ", ".join(f"{n}x {m}" for m, n in counts.items()) or "none"
+
+
+def gpu_free(g: dict) -> bool:
+    """A GPU nothing of the scheduler's holds."""
+    return not g.get("exclusive") and not g.get("committed_fraction")
+
+
+def free_text(gpus: list[dict]) -> str:
+    """Free GPUs and the VRAM left on all GPUs (total less what is used or committed)."""
+    free = sum(1 for g in gpus if gpu_free(g))
+    vram = sum(max(0, g["vram_total_bytes"] - max(g.get("vram_used_bytes") or 0, g.get("committed_vram_bytes") or 0))
+               for g in gpus)
+    return f"{free}/{len(gpus)} GPU, {_gib(vram)} GiB"
+
+
+def util_text(gpus: list[dict]) -> str:
+    return " ".join("-" if g.get("utilization_pct") is None else f"{g['utilization_pct']:.0f}" for g in gpus) or "-"
+
+
+def vram_text(gpus: list[dict]) -> str:
+    return " ".join(f"{_gib(g.get('vram_used_bytes'))}/{_gib(g['vram_total_bytes'])}" for g in gpus) or "-"
+
+
+ACTIVE_STATES = ("queued", "running")  # JobState's non-final states that hold or wait for GPUs
+
+
+def _jobs_by_node(jobs: list[dict]) -> dict[str, list[int]]:
+    """Ids of the caller's active jobs (workspaces included) per node they run on."""
+    out: dict[str, list[int]] = {}
+    for j in jobs:
+        if j["state"] in ACTIVE_STATES:
+            for node in j.get("nodes") or []:
+                out.setdefault(node, []).append(j["id"])
+    return out
+
+
+def server_rows(snapshots: list[ClusterSnapshot]) -> list[Row]:
+    """One row per member of every joined cluster; a cluster that did not answer is one
+    row saying so (with its last known members kept, marked stale, when it answered before)."""
+    rows: list[Row] = []
+    for s in snapshots:
+        if s.error is not None and not s.nodes:
+            rows.append(Row(f"{s.cluster}!", (s.cluster, s.server, "unreachable", "-", "-", "-", "-", "-",
+                                              s.error), {"cluster": s.cluster}))
+            continue
+        mine = _jobs_by_node(s.jobs or [])
+        for n in s.nodes or []:
+            gpus = n.get("gpus") or []
+            state = n.get("state") or "?"
+            if s.error is not None:
+                state = f"stale ({state})"
+            rows.append(Row(f"{s.cluster}/{n['name']}", (
+                s.cluster, n["name"], state, gpu_summary(gpus), util_text(gpus), vram_text(gpus), free_text(gpus),
+                ",".join(str(i) for i in mine.get(n["name"], [])) or "-",
+                s.path if s.error is None else f"unreachable: {s.error}",
+            ), {"cluster": s.cluster, "node": n["name"]}))
+    return rows
+
+
+def job_rows(snapshots: list[ClusterSnapshot]) -> list[Row]:
+    """The caller's jobs on every cluster (workspaces are in their own view)."""
+    rows: list[Row] = []
+    for s in snapshots:
+        for j in s.jobs or []:
+            if (j.get("spec") or {}).get("workspace"):
+                continue
+            gpus = j.get("gpus") or []
+            rows.append(Row(f"{s.cluster}/{j['id']}", (
+                s.cluster, str(j["id"]), j.get("name") or f"job-{j['id']}", j["state"],
+                ",".join(j.get("nodes") or []) or "-", str(len(gpus)) if gpus else "-",
+                "-" if j.get("exit_code") is None else str(j["exit_code"]), j.get("reason") or "",
+            ), {"cluster": s.cluster, "job_id": j["id"], "state": j["state"]}))
+    return rows
+
+
+def workspace_rows(snapshots: list[ClusterSnapshot]) -> list[Row]:
+    rows: list[Row] = []
+    for s in snapshots:
+        for ws in s.workspaces or []:
+            w = ws["workspace"]
+            ports = [p["port"] for p in w.get("ports") or []]
+            rows.append(Row(f"{s.cluster}/{w['name']}", (
+                s.cluster, w["name"], ws["state"], w.get("node") or "-", w.get("image") or "-",
+                ",".join(str(p) for p in ports) or "-", ws.get("reason") or "",
+            ), {"cluster": s.cluster, "name": w["name"], "state": ws["state"], "ports": ports,
+                "job_id": ws.get("id")}))
+    return rows
+
+
+def filter_rows(rows: list[Row], text: str) -> list[Row]:
+    """The rows where every word of `text` is in some cell (case-insensitive); all rows
+    for an empty filter."""
+    words = text.lower().split()
+    if not words:
+        return rows
+    return [r for r in rows if all(any(w in c.lower() for c in r.cells) for w in words)]
+
+
+def _natural(cell: str) -> tuple:
+    """Numbers sort as numbers ('9' before '10'), the rest as text."""
+    head = cell.split(" ", 1)[0].split("/", 1)[0]
+    try:
+        return (0, float(head), cell)
+    except ValueError:
+        return (1, 0.0, cell.lower())
+
+
+def sort_rows(rows: list[Row], column: int, reverse: bool = False) -> list[Row]:
+    """Rows ordered by one column (then by key, so that the order is stable across refreshes)."""
+    return sorted(rows, key=lambda r: (_natural(r.cells[column]) if column < len(r.cells) else (2,), r.key),
+                  reverse=reverse)
+
+
+def snapshot_json(s: ClusterSnapshot) -> dict:
+    """The servers view of one cluster for scripts (`remotegpu-cli servers --live --json`)."""
+    mine = _jobs_by_node(s.jobs or [])
+    return {"cluster": s.cluster, "server": s.server, "tenant": s.tenant, "path": s.path, "error": s.error,
+            "nodes": [{**n, "my_jobs": mine.get(n["name"], [])} for n in s.nodes or []]}
