@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 
 from mtgpu.cli.remotegpu import LIVE_TIMEOUT_S, _client
 from mtgpu.tui.app import RemoteGpuApp
+from tests.support.laptop import invite_and_join, remotegpu
 from tests.support.node import running_node, wait_for
 from tests.support.users import can_create_users, remove_tenant_accounts
 
@@ -30,10 +30,6 @@ if can_create_users():
 UID_RANGE = (400000, 409999)  # its own: the accounts this node makes never meet another test's
 GPUS = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
 
-
-def remotegpu(home: Path, *args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=True,
-                          env={**os.environ, "REMOTEGPU_HOME": str(home)}, timeout=60, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +47,8 @@ def tnode():
 @pytest.fixture(scope="module")
 def laptop(tnode, tmp_path_factory):
     """The tenant, joined from a client folder, with its account on the node."""
-    r = tnode.admin("tenant", "invite", tnode.name, "--json")
-    assert r.returncode == 0, r.stderr
     home = tmp_path_factory.mktemp("laptop")
-    r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{tnode.port}", "--json")
-    assert r.returncode == 0, r.stderr + tnode.server_log()[-2000:]
-    wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(tnode.name).pw_dir), timeout_s=60)
+    invite_and_join(tnode, tnode.name, home)
     job = home / "sleep.sh"
     job.write_text("#!/bin/sh\n#MTGPU gpus=1\necho hello-from-the-job\nsleep 600\n")
     return SimpleNamespace(home=home, entries=json.loads((home / "servers.json").read_text()), job=job)

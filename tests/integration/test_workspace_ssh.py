@@ -7,18 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from tests.support.images import busybox_image, podman_missing
+from tests.support.laptop import invite_and_join, remotegpu
 from tests.support.node import free_port, running_node, wait_for
 from tests.support.users import can_create_users, remove_tenant_accounts
 
@@ -50,21 +49,11 @@ def snode():
                 remove_tenant_accounts([n.name], UID_RANGE)
 
 
-def remotegpu(home: Path, *args: str, **kw):
-    return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=True,
-                          env={**os.environ, "REMOTEGPU_HOME": str(home)}, timeout=60, **kw)
-
-
 @pytest.fixture(scope="module")
 def joined(snode, tmp_path_factory):
     """The tenant, joined from a 'laptop' (a client folder), with its account and a running workspace."""
-    r = snode.admin("tenant", "invite", snode.name, "--json")
-    assert r.returncode == 0, r.stderr
     home = tmp_path_factory.mktemp("laptop")
-    r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{snode.port}", "--json")
-    assert r.returncode == 0, r.stderr + snode.server_log()[-2000:]
-    pw = wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(snode.name).pw_dir)
-                  and pwd.getpwnam(snode.name), timeout_s=60)
+    pw = invite_and_join(snode, snode.name, home)
     user = SimpleNamespace(uid=pw.pw_uid, gid=pw.pw_gid, home=pw.pw_dir, name=snode.name)
     r = snode.run_cli("mtgpu.cli.container", user, "create", "--template", "web", "--name", "web", "--json",
                       timeout_s=180)

@@ -1,0 +1,34 @@
+"""A tenant's 'laptop' for tests: a remotegpu-cli home folder that joined a node.
+
+    home = tmp_path / "laptop"
+    pw = invite_and_join(node, name, home)   # invited by the node's admin, joined, account made
+    remotegpu(home, "whoami", "--json")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+from .node import Node, wait_for
+
+
+def remotegpu(home: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    """remotegpu-cli of this checkout, with `home` as its REMOTEGPU_HOME."""
+    return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=True,
+                          env={**os.environ, "REMOTEGPU_HOME": str(home)}, timeout=60, **kw)
+
+
+def invite_and_join(node: Node, name: str, home: Path) -> pwd.struct_passwd:
+    """`mtgpu-admin tenant invite NAME`, `remotegpu-cli join CODE --server` the node (on
+    loopback), then wait for the tenant's account and home on the node."""
+    r = node.admin("tenant", "invite", name, "--json")
+    assert r.returncode == 0, r.stderr
+    r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}", "--json")
+    assert r.returncode == 0, r.stderr + node.server_log()[-2000:]
+    return wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(name).pw_dir)
+                    and pwd.getpwnam(name), timeout_s=60)
