@@ -33,9 +33,6 @@ class Link(Protocol):
         """Why queued jobs wait, from the scheduler (when this member is not it)."""
         ...
 
-    def quorum_problem(self) -> str | None:
-        return None
-
     def leader_nodes(self) -> list[dict] | None:
         """Every member as the scheduler sees it, or None when no scheduler answers."""
         ...
