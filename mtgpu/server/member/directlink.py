@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 RETRY_S = (1.0, 2.0, 5.0, 10.0)
 PROBE_EVERY_S = 10.0  # how often a member's address is tried directly again
 PROBE_TIMEOUT_S = 1.5
+PROBES_AT_ONCE = 32
 
 
 def openssh_key_id(line: str) -> str | None:
@@ -247,8 +248,11 @@ class MemberDirectLink:
         if address == self.address or self.endpoint is None or self._loop is None:
             return None
         answered = self._direct.get(address)
-        if answered is None:  # not tried yet
-            self._direct[address] = (True, 0.0)  # directly, while it is tried
+        if answered is None or answered[1] == 0.0:  # not tried yet (0.0: known, its try to come)
+            if answered is None:
+                self._direct[address] = (True, 0.0)  # directly, while it is tried
+            elif not wait:
+                return None  # the probe loop tries it
             probe = asyncio.run_coroutine_threadsafe(self._probe(address), self._loop)
             if not wait:
                 return None
@@ -288,9 +292,13 @@ class MemberDirectLink:
             for address in self._member_addresses():
                 if address != self.address and address not in self._direct:
                     self._direct[address] = (True, 0.0)
-            for address, (_ok, at) in list(self._direct.items()):
-                if now - at >= PROBE_EVERY_S:
+            due = [address for address, (_ok, at) in list(self._direct.items()) if now - at >= PROBE_EVERY_S]
+            at_once = asyncio.Semaphore(PROBES_AT_ONCE)
+
+            async def probe(address: str) -> None:
+                async with at_once:
                     await self._probe(address)
+            await asyncio.gather(*(probe(a) for a in due))  # a silent member costs its timeout once, not each
             await asyncio.sleep(1.0)
 
     def _member_addresses(self) -> list[str]:
