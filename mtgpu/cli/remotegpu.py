@@ -20,8 +20,9 @@ from rich.table import Table
 
 from ..client.remote import RemoteClient
 from ..client.signing import BadKey, generate_key_pair, load_private_key, public_line
-from ..tui.rows import SERVER_COLUMNS, server_rows, snapshot_json
-from ..tui.source import Cluster, group_by_cluster
+from ..tui.rows import (JOB_COLUMNS, SERVER_COLUMNS, WORKSPACE_COLUMNS, ClusterSnapshot, job_items, job_rows,
+                        server_rows, snapshot_json, workspace_items, workspace_rows)
+from ..tui.source import Cluster, fetch_all, group_by_cluster
 from .common import fail, out, print_json, print_jobs_table, request
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, print_log
 
@@ -159,11 +160,7 @@ def servers(json_out: bool = typer.Option(False, "--json"),
 def _servers_live(json_out: bool) -> None:
     """The servers view for scripts: one fetch of every joined cluster; a cluster that does
     not answer is listed with its error (and the exit status is 1)."""
-    clusters = [Cluster(name, es, lambda e: _client(e, timeout_s=LIVE_TIMEOUT_S))
-                for name, es in group_by_cluster(_servers()).items()]
-    snapshots = [c.fetch() for c in clusters]
-    for c in clusters:
-        c.drop()
+    snapshots = fetch_all(_clusters(LIVE_TIMEOUT_S))
     if json_out:
         print_json([snapshot_json(s) for s in snapshots])
     else:
@@ -175,6 +172,37 @@ def _servers_live(json_out: bool) -> None:
         raise typer.Exit(1)
 
 
+def _clusters(timeout_s: float = 30.0) -> list[Cluster]:
+    """Every joined cluster (its servers are alternatives: the first that answers is asked)."""
+    return [Cluster(name, es, lambda e: _client(e, timeout_s=timeout_s))
+            for name, es in group_by_cluster(_servers()).items()]
+
+
+def _every_cluster(part: str, json_out: bool, items, rows, columns: tuple[str, ...]) -> None:
+    """`jobs` / `workspaces` without --server: one fetch of every joined cluster, listed
+    together with their cluster (the app's view and its JSON); a cluster that did not
+    answer is said on stderr with its error, and the exit status is 1."""
+    clusters = _clusters()
+    if not clusters:
+        fail("no server joined yet: remotegpu-cli join CODE --server HOST:PORT", 2)
+    snapshots: list[ClusterSnapshot] = fetch_all(clusters, (part,))
+    if json_out:
+        print_json(items(snapshots))
+    else:
+        table = Table(*columns, box=None)
+        for row in rows(snapshots):
+            table.add_row(*row.cells)
+        out.print(table)
+    failed = [s for s in snapshots if s.error is not None]
+    for s in failed:
+        print(f"remotegpu: cluster {s.cluster} ({s.server}) did not list its {part}: {s.error}", file=sys.stderr)
+    if failed:
+        raise typer.Exit(1)
+
+
+SERVER_HELP = "ask only this joined server (default: every joined cluster, with a CLUSTER column / key)"
+
+
 @app.command()
 def whoami(server: Optional[str] = typer.Option(None, "--server"), json_out: bool = typer.Option(False, "--json")) -> None:
     """Ask a server who you are (checks your key)."""
@@ -183,8 +211,13 @@ def whoami(server: Optional[str] = typer.Option(None, "--server"), json_out: boo
 
 
 @app.command()
-def jobs(server: Optional[str] = typer.Option(None, "--server"), json_out: bool = typer.Option(False, "--json")) -> None:
-    """Your jobs on a server's cluster."""
+def jobs(server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP),
+         json_out: bool = typer.Option(False, "--json")) -> None:
+    """Your jobs on every joined cluster (workspaces are in `workspaces`), or, with
+    --server, every job of yours on that server's cluster."""
+    if server is None:
+        _every_cluster("jobs", json_out, job_items, job_rows, JOB_COLUMNS)
+        return
     rows = request(_connect(server), lambda c: c.jobs())
     if json_out:
         print_json(rows)
@@ -221,9 +254,13 @@ def logs(job_id: int, server: Optional[str] = typer.Option(None, "--server"), fo
 
 
 @app.command()
-def workspaces(server: Optional[str] = typer.Option(None, "--server"),
+def workspaces(server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP),
                json_out: bool = typer.Option(False, "--json")) -> None:
-    """Your workspaces on a server's cluster (create them on a node with mt-container)."""
+    """Your workspaces on every joined cluster, or on one server's cluster with --server
+    (create them in the app, or on a node with mt-container)."""
+    if server is None:
+        _every_cluster("workspaces", json_out, workspace_items, workspace_rows, WORKSPACE_COLUMNS)
+        return
     rows = request(_connect(server), lambda c: c.workspaces())
     if json_out:
         print_json(rows)

@@ -10,8 +10,10 @@ from typing import Any, Callable
 
 from textual.app import App, ComposeResult, SuspendNotSupported
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import ContentSwitcher, Footer, Input, Static
 
+from . import vscode
 from .commands import COMMANDS, Command, CommandError, parse_command, workspace_body
 from .rows import ClusterSnapshot, Row, filter_rows, job_rows, server_rows, sort_rows, workspace_rows
 from .screens import ConfirmScreen, HelpScreen, LogScreen
@@ -80,7 +82,10 @@ class RemoteGpuApp(App):
         return self.query_one(f"#{view or self.current}", RowTable)
 
     def say(self, text: str) -> None:
-        self.query_one("#status", Static).update(text)
+        try:
+            self.query_one("#status", Static).update(text)
+        except NoMatches:  # the app is closing (a worker's answer came late): nothing to show it on
+            pass
 
     def _show_title(self) -> None:
         parts = []
@@ -119,7 +124,10 @@ class RemoteGpuApp(App):
     def _arrived(self, snapshot: ClusterSnapshot) -> None:
         self._in_flight.discard(snapshot.cluster)
         self.snapshots[snapshot.cluster] = merge(self.snapshots.get(snapshot.cluster), snapshot)
-        self.render_view()
+        try:
+            self.render_view()
+        except NoMatches:  # the app is closing (the answer came late): its tables are gone
+            pass
 
     # ------------------------------------------------------------ views, filter, sort, help
     def action_view(self, view: str) -> None:
@@ -286,8 +294,56 @@ class RemoteGpuApp(App):
                 del self.forwards[(cluster, name, port)]
 
     def action_vscode(self) -> None:
-        self.say("open in VS Code is not available in the app yet: run `remotegpu-cli ssh-config`, then VS Code "
-                 "Remote-SSH to NODE.CLUSTER")
+        """`v` on a node (servers view) or a running workspace: `remotegpu-cli ssh-config`,
+        then `code --folder-uri` (vscode.target says which URI); refuses, saying why, when
+        `code` is not on PATH or ssh-config wrote no Host for the node (no DirectLink)."""
+        if self.current == "workspaces":
+            row = self._running_workspace()
+            if row is None:
+                return
+            node, workspace = row.ref.get("node"), {"name": row.ref["name"], "container": row.ref.get("container")}
+            if not node:
+                self.say(f"workspace {row.ref['name']} has no node yet: wait until it is placed")
+                return
+        elif self.current == "servers":
+            row = self._selected("servers")
+            if row is None:
+                return
+            node, workspace = row.ref.get("node"), None
+            if not node:
+                self.say(f"cluster {row.ref['cluster']} did not answer: no node to open (r asks again)")
+                return
+        else:
+            self.say("v opens a node (1: servers) or a workspace (3: workspaces) in VS Code")
+            return
+        code = vscode.code_path()
+        if code is None:
+            self.say("VS Code's `code` command is not on PATH: in VS Code run \"Shell Command: Install 'code' "
+                     "command in PATH\" (or add it to PATH), then press v again")
+            return
+        cluster = row.ref["cluster"]
+        host = vscode.host_alias(node, cluster)
+
+        def work() -> None:
+            try:
+                hosts = vscode.write_ssh_config(CLI)
+                if host not in hosts:
+                    raise vscode.VSCodeError(
+                        f"`remotegpu-cli ssh-config` wrote no Host {host}: cluster {cluster} has no DirectLink "
+                        f"relay (a standalone node), so VS Code cannot reach {node} by name; use Remote-SSH to "
+                        "its sshd yourself (docs/SSH.md), or `t` for a terminal in a workspace")
+                docker_path = vscode.docker_path_setting() if workspace else None
+                goal = vscode.target(node, cluster, vscode.remote_home(host), workspace, docker_path)
+                vscode.open_folder_uri(code, goal.uri)
+                text = goal.said
+            except (vscode.VSCodeError, ValueError) as e:
+                text = f"could not open VS Code: {e}"
+            try:
+                self.call_from_thread(self.say, text)
+            except RuntimeError:  # the app has ended meanwhile
+                pass
+        self.say(f"remotegpu-cli ssh-config, then VS Code on {host}...")
+        self.run_worker(work, thread=True, group="vscode")
 
     def on_unmount(self) -> None:
         for proc in self.forwards.values():

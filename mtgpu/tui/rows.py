@@ -114,7 +114,7 @@ def job_rows(snapshots: list[ClusterSnapshot]) -> list[Row]:
     rows: list[Row] = []
     for s in snapshots:
         for j in s.jobs or []:
-            if (j.get("spec") or {}).get("workspace"):
+            if _is_workspace(j):
                 continue
             gpus = j.get("gpus") or []
             rows.append(Row(f"{s.cluster}/{j['id']}", (
@@ -135,8 +135,12 @@ def workspace_rows(snapshots: list[ClusterSnapshot]) -> list[Row]:
                 s.cluster, w["name"], ws["state"], w.get("node") or "-", w.get("image") or "-",
                 ",".join(str(p) for p in ports) or "-", ws.get("reason") or "",
             ), {"cluster": s.cluster, "name": w["name"], "state": ws["state"], "ports": ports,
-                "job_id": ws.get("id")}))
+                "job_id": ws.get("id"), "node": w.get("node"), "container": w.get("container")}))
     return rows
+
+
+def _is_workspace(j: dict) -> bool:
+    return bool((j.get("spec") or {}).get("workspace"))
 
 
 def filter_rows(rows: list[Row], text: str) -> list[Row]:
@@ -168,3 +172,16 @@ def snapshot_json(s: ClusterSnapshot) -> dict:
     mine = _jobs_by_node(s.jobs or [])
     return {"cluster": s.cluster, "server": s.server, "tenant": s.tenant, "path": s.path, "error": s.error,
             "nodes": [{**n, "my_jobs": mine.get(n["name"], [])} for n in s.nodes or []]}
+
+
+def job_items(snapshots: list[ClusterSnapshot]) -> list[dict]:
+    """The jobs view for scripts (`remotegpu-cli jobs --json` without --server): the same
+    jobs as job_rows (workspaces are in their own view), each as the API gives it with
+    the "cluster" it is on."""
+    return [{**j, "cluster": s.cluster} for s in snapshots for j in s.jobs or [] if not _is_workspace(j)]
+
+
+def workspace_items(snapshots: list[ClusterSnapshot]) -> list[dict]:
+    """The workspaces view for scripts (`remotegpu-cli workspaces --json` without
+    --server): each workspace as the API gives it, with the "cluster" it is on."""
+    return [{**ws, "cluster": s.cluster} for s in snapshots for ws in s.workspaces or []]

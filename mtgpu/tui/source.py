@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
 from .rows import ClusterSnapshot
@@ -31,6 +32,9 @@ def group_by_cluster(entries: list[dict]) -> dict[str, list[dict]]:
     for e in entries:
         out.setdefault(e.get("cluster_id") or e["server"], []).append(e)
     return out
+
+
+PARTS = ("nodes", "jobs", "workspaces")
 
 
 class Cluster:
@@ -71,11 +75,15 @@ class Cluster:
             except Exception:  # noqa: BLE001 - closing a broken client may fail too; it is gone either way
                 pass
 
-    def fetch(self) -> ClusterSnapshot:
-        """One refresh: the members with live use, the caller's jobs and workspaces."""
+    def fetch(self, parts: tuple[str, ...] = PARTS) -> ClusterSnapshot:
+        """One refresh: the members with live use, the caller's jobs and workspaces (or
+        only the `parts` named: the others stay None)."""
+        unknown = set(parts) - set(PARTS)
+        if unknown:
+            raise ValueError(f"no part {sorted(unknown)} of a cluster to fetch; the parts: {', '.join(PARTS)}")
         try:
             c = self.client()
-            nodes, jobs, workspaces = c.nodes(), c.jobs(), c.workspaces()
+            nodes, jobs, workspaces = (getattr(c, p)() if p in parts else None for p in PARTS)
         except Exception as exc:  # noqa: BLE001 - a cluster that fails must not stop the app
             self.drop()
             return ClusterSnapshot(self.name, self._entry["server"], self._entry.get("tenant", ""),
@@ -93,6 +101,18 @@ class Cluster:
         except ConnectionError:
             self.drop()
             raise
+
+
+def fetch_all(clusters: list[Cluster], parts: tuple[str, ...] = PARTS) -> list[ClusterSnapshot]:
+    """One fetch of every cluster, all at once (a slow one costs its own timeout, not the
+    sum); the snapshots in the clusters' order, each client closed afterwards."""
+    if not clusters:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(clusters))) as pool:
+        snapshots = list(pool.map(lambda c: c.fetch(parts), clusters))
+    for c in clusters:
+        c.drop()
+    return snapshots
 
 
 def merge(old: ClusterSnapshot | None, new: ClusterSnapshot) -> ClusterSnapshot:

@@ -131,7 +131,7 @@ class RowTable(ScrollView, can_focus=True):
 class ServersTable(RowTable):
     view = "servers"
     headings = SERVER_COLUMNS
-    BINDINGS = []
+    BINDINGS = [Binding("v", "app.vscode", "VS Code (the node)")]
 
 
 class JobsTable(RowTable):
@@ -153,7 +153,7 @@ class WorkspacesTable(RowTable):
         Binding("d", "app.workspace('rm')", "remove"),
         Binding("t", "app.terminal", "terminal"),
         Binding("f", "app.forward", "forward ports"),
-        Binding("v", "app.vscode", "VS Code"),
+        Binding("v", "app.vscode", "VS Code (inside, or its node)"),
     ]
 
 

@@ -106,6 +106,11 @@ def test_the_app_follows_live_load_and_jobs_and_cancels_one(tnode, laptop):
             await pilot.press("c", "y")
             await until(pilot, f"job {jid} cancelled in the view", lambda: lab_row(app, "jobs", key)[3] == "cancelled")
             assert tnode.job(jid)["state"] == "cancelled"
+            # The jobs view's scriptable twin, without --server: every joined cluster, each job labelled.
+            r = remotegpu(laptop.home, "jobs", "--json")
+            assert r.returncode == 0, r.stderr
+            [mine] = [j for j in json.loads(r.stdout) if j["id"] == jid]
+            assert mine["cluster"] == "lab-tui" and mine["state"] == "cancelled", mine
             assert app.is_running
     asyncio.run(go())
 

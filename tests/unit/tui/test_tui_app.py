@@ -132,7 +132,7 @@ def test_what_is_not_available_says_so_instead_of_pretending():
             await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
             status = app.query_one("#status")
             await pilot.press("v")
-            assert "not available in the app yet" in str(status.render())
+            assert "is stopped: start it first" in str(status.render())
             await pilot.press("t")
             assert "is stopped: start it first" in str(status.render())
             await pilot.press("colon", *"create devcontainer .", "enter")
