@@ -414,6 +414,32 @@ def proxy(node: str = typer.Argument(..., help="the node (NODE or NODE.CLUSTER)"
     raise typer.Exit(code)
 
 
+@app.command()
+def tunnel(server: Optional[str] = typer.Option(None, "--server", help="the joined server (default: the first)")) -> None:
+    """A loopback port that reaches the server's node API through DirectLink, for programs
+    that sign their own requests (the VS Code extension, when the server does not answer
+    directly). Prints one JSON line, {"address": "127.0.0.1:PORT", "node", "path"}, then
+    keeps the tunnel until its standard input ends."""
+    from ..client import directlink as dl
+    from ..client.errors import ClientError
+    entry = _server(server)
+    try:
+        info = dl.check_usable(entry.get("directlink"), entry["server"])
+        t = dl.Tunnel(info, Path(entry["key"]), entry["node"])
+        host, port = t.start()
+    except ClientError as e:
+        fail(str(e), 1)
+    print(json.dumps({"address": f"{host}:{port}", "node": entry["node"],
+                      "path": "direct" if t.path == "direct" else "relayed"}), flush=True)
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        t.close()
+
+
 @app.command("ssh-config")
 def ssh_config(
     file: Path = typer.Option(Path.home() / ".ssh" / "config", "--file", help="the ssh config to write into"),

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from mtgpu.client.remote import RemoteClient
 from mtgpu.client.signing import generate_key_pair, load_private_key
 from mtgpu.directlink.identity import cluster_key, endpoint_id, issue
 from tests.support.dlmember import CLUSTER, client_env, member_behind_nat, remotegpu
@@ -166,6 +167,20 @@ def test_a_member_serves_the_relay_itself_with_relay_listen(tmp_path):
             assert r.returncode == 0 and r.stdout.strip() == name, r.stderr + node.server_log()
             assert f"through the relay {relay_at}" in r.stderr, r.stderr
             assert "serving as a relay for dl-lab" in node.server_log()
+            # `remotegpu-cli tunnel`: a loopback port to the node's API through the same relay,
+            # for clients that sign their own requests (the VS Code extension).
+            t = subprocess.Popen(cli + ["tunnel"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env)
+            try:
+                opened = json.loads(t.stdout.readline() or "{}")
+                assert opened.get("node") == "gpu-r" and opened["path"] in ("direct", "relayed"), \
+                    (opened, t.stderr.read() if t.poll() is not None else "")
+                entry = json.loads((home / "servers.json").read_text())[0]
+                with RemoteClient(opened["address"], entry["tenant"], Path(entry["key"])) as c:
+                    assert c.me()["name"] == name
+            finally:
+                t.stdin.close()
+                assert t.wait(timeout=30) == 0
             with node.client() as c:
                 dl = c.health()["directlink"]
             assert dl["relay"] == relay_at and dl["problem"] == "", dl
