@@ -168,15 +168,11 @@ describe("against a real mtgpu-server", { skip: missing ?? false }, () => {
     assert.equal(answers.length, 8);
   });
 
-  it("shows the members' live use where the server offers it, else says it is not offered", async () => {
-    try {
-      const nodes = await client.nodes();
-      const me = nodes.find((n) => n.name === node.node);
-      assert.ok(me, JSON.stringify(nodes));
-      assert.deepEqual(me.gpus.map((g) => g.model), ["rtx4090", "rtx4090"]);
-    } catch (e) {
-      assert.ok(e instanceof ApiError && e.kind === "route-missing", e.message);
-    }
+  it("shows the members' live use (the tenant GET /v1/nodes)", async () => {
+    const nodes = await client.nodes();
+    const me = nodes.find((n) => n.name === node.node);
+    assert.ok(me, JSON.stringify(nodes));
+    assert.deepEqual(me.gpus.map((g) => g.model), ["rtx4090", "rtx4090"]);
   });
 
   it("renders the views from a real snapshot", async () => {
@@ -184,7 +180,8 @@ describe("against a real mtgpu-server", { skip: missing ?? false }, () => {
     assert.equal(snap.servers.length, 1);
     const s = snap.servers[0];
     assert.equal(s.error, null);
-    assert.ok(s.nodes || /not offered/.test(s.nodesProblem), s.nodesProblem);
+    assert.ok(s.nodes && s.nodes.length === 1, s.nodesProblem);
+    assert.equal(s.via, undefined);  // it answers directly: no tunnel
 
     const [server] = serverRows(snap);
     assert.equal(server.label, `${node.cluster_id} (${node.server})`);
@@ -229,6 +226,29 @@ describe("against a real mtgpu-server", { skip: missing ?? false }, () => {
     const passwd = (await run("getent", ["passwd", node.tenant])).stdout.trim().split(":");
     assert.equal(home, passwd[5]);
     assert.equal(uriString(sshFolderUri(host, home)), `vscode-remote://ssh-remote+${host}${home}`);
+  });
+
+  it("asks a server that does not answer directly through remotegpu-cli tunnel (DirectLink)", async () => {
+    // The same join, but its LISTEN address does not answer: only the relay reaches the node.
+    const home = mkdtempSync(join(dir, "behind-nat-"));
+    const copy = JSON.parse(readFileSync(node.servers_json, "utf8")).map((e) => ({ ...e, server: "127.0.0.1:9" }));
+    writeFileSync(join(home, "servers.json"), JSON.stringify(copy));
+    const cli = new RemoteGpuCli({ cliPath: CLI, home });
+    const watcher = new ClusterWatcher({ serversFile: join(home, "servers.json"), openTunnel: (s) => cli.tunnel(s) });
+    try {
+      const snap = await watcher.snapshot();
+      const s = snap.servers[0];
+      assert.equal(s.error, null);
+      assert.ok(["direct", "relayed"].includes(s.via), s.via);
+      assert.ok(submitted.every((id) => s.jobs.some((j) => j.id === id)), JSON.stringify(s.jobs));
+      const [row] = serverRows(snap);
+      assert.match(row.description, /through DirectLink \((direct|relayed)\)/);
+      // The commands' client goes the same way.
+      const c = await watcher.client(copy[0]);
+      assert.equal((await c.me()).name, node.tenant);
+    } finally {
+      watcher.close();
+    }
   });
 
   it("says which servers ssh-config skipped (no DirectLink), for the refusal the commands show", async () => {

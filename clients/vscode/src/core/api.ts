@@ -47,6 +47,8 @@ export interface ClientOptions {
   clock?: RequestClock;
   /** Called with the node's warning when its answer may be out of date (it does not hear the cluster). */
   onStale?: (why: string) => void;
+  /** HOST:PORT to connect to in place of `server`: a `remotegpu-cli tunnel` to it through DirectLink. */
+  via?: string;
 }
 
 interface Answer {
@@ -108,9 +110,10 @@ export class ApiClient {
 
   constructor(private readonly opts: ClientOptions) {
     this.server = opts.server;
-    const m = /^\[?([^\]]+?)\]?:(\d+)$/.exec(opts.server);
+    const target = opts.via ?? opts.server;
+    const m = /^\[?([^\]]+?)\]?:(\d+)$/.exec(target);
     if (!m) {
-      throw new ApiError(`server ${JSON.stringify(opts.server)} is not HOST:PORT`, "usage");
+      throw new ApiError(`server ${JSON.stringify(target)} is not HOST:PORT`, "usage");
     }
     this.host = m[1];
     this.port = Number(m[2]);
@@ -172,8 +175,12 @@ export class ApiClient {
     if (e instanceof ApiError) {
       return e;
     }
-    return new ApiError(`cannot reach ${this.server}: ${e.message} (a server that does not answer directly is ` +
-      "reached through DirectLink by remotegpu-cli and ssh, not by the extension's views)", "unreachable");
+    if (this.opts.via) {
+      return new ApiError(`cannot reach ${this.server} through DirectLink (${this.opts.via}): ${e.message}`,
+        "unreachable");
+    }
+    return new ApiError(`cannot reach ${this.server}: ${e.message} (a server of a cluster with DirectLink relays ` +
+      "is reached through them when it does not answer directly)", "unreachable");
   }
 
   /** The JSON of an answer, or ApiError with the node's own message. */

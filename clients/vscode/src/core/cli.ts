@@ -6,7 +6,7 @@
  * module only says which program to run with which arguments, and runs the short ones.
  */
 
-import { execFile } from "node:child_process";
+import { ChildProcess, execFile, spawn } from "node:child_process";
 
 type Env = Record<string, string | undefined>;
 
@@ -34,6 +34,19 @@ export interface SshConfigResult {
   hosts: string[];
   /** What remotegpu-cli said on stderr (servers skipped, servers that could not be asked). */
   notes: string[];
+}
+
+/** A running `remotegpu-cli tunnel`: a loopback address that reaches a node's API through DirectLink. */
+export interface Tunnel {
+  /** 127.0.0.1:PORT */
+  address: string;
+  node: string;
+  /** "direct" or "relayed" when it opened. */
+  path: string;
+  /** Ends the tunnel (its standard input is closed). */
+  close(): void;
+  /** Set when the tunnel process ended by itself. */
+  ended(): boolean;
 }
 
 export class CliError extends Error {
@@ -98,6 +111,76 @@ export class RemoteGpuCli {
     }
     const notes = r.stderr.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => l.replace(/^remotegpu: /, ""));
     return { file: parsed.file, hosts: parsed.hosts.map(String), notes };
+  }
+
+  /**
+   * `remotegpu-cli tunnel --server S`: the API of a server that does not answer directly,
+   * through DirectLink (the Python client's transport), on a loopback port of this computer.
+   */
+  tunnel(server: string, timeoutMs = 45000): Promise<Tunnel> {
+    const a = this.argv("tunnel", "--server", server);
+    return new Promise((resolve, reject) => {
+      let child: ChildProcess;
+      try {
+        child = spawn(a.command, a.args, { env: this.o.env as NodeJS.ProcessEnv | undefined, windowsHide: true,
+                                           stdio: ["pipe", "pipe", "pipe"] });
+      } catch (e) {
+        reject(new CliError(`${a.command} could not be started: ${(e as Error).message}`));
+        return;
+      }
+      let out = "";
+      let err = "";
+      let done = false;
+      let exited = false;
+      const finish = (e: Error | null, t?: Tunnel) => {
+        if (done) {
+          return;
+        }
+        done = true;
+        clearTimeout(timer);
+        if (e) {
+          child.kill();
+          reject(e);
+        } else {
+          resolve(t as Tunnel);
+        }
+      };
+      const timer = setTimeout(() => finish(new CliError(
+        `remotegpu-cli tunnel --server ${server} opened nothing in ${timeoutMs / 1000} s: ${err.trim().slice(0, 300)}`)),
+      timeoutMs);
+      child.on("error", (e: NodeJS.ErrnoException) => finish(new CliError(e.code === "ENOENT"
+        ? `${a.command} was not found: install mtgpu's client (pip install mtgpu) or set remoteGpu.cliPath`
+        : `${a.command} tunnel: ${e.message}`)));
+      child.on("exit", (code) => {
+        exited = true;
+        finish(new CliError(`remotegpu-cli tunnel --server ${server} ended (exit ${code}): ${err.trim().slice(0, 300)}`,
+          code));
+      });
+      child.stderr?.on("data", (c: Buffer) => { err += c.toString("utf8"); });
+      child.stdout?.on("data", (c: Buffer) => {
+        out += c.toString("utf8");
+        const nl = out.indexOf("\n");
+        if (nl < 0) {
+          return;
+        }
+        let opened: { address?: unknown; node?: unknown; path?: unknown };
+        try {
+          opened = JSON.parse(out.slice(0, nl));
+        } catch {
+          finish(new CliError(`remotegpu-cli tunnel printed ${out.slice(0, 200)}, not JSON`));
+          return;
+        }
+        if (typeof opened.address !== "string") {
+          finish(new CliError(`remotegpu-cli tunnel printed ${out.slice(0, 200)}, not {address, node, path}`));
+          return;
+        }
+        finish(null, {
+          address: opened.address, node: String(opened.node ?? ""), path: String(opened.path ?? ""),
+          close: () => { child.stdin?.end(); },
+          ended: () => exited,
+        });
+      });
+    });
   }
 
   /** A terminal inside a workspace, on its node, in tmux (`remotegpu-cli shell WS`). */

@@ -7,6 +7,7 @@
 import { stat } from "node:fs/promises";
 
 import { ApiClient, ApiError } from "./api";
+import type { Tunnel } from "./cli";
 import type { Info, Job, NodeUsage, Workspace } from "./models";
 import { readServers, ServerEntry, ServersFile } from "./servers";
 import { KeyError, loadPrivateKey, TenantKey } from "./signing";
@@ -23,6 +24,8 @@ export interface ServerState {
   workspaces?: Workspace[];
   /** The node's warning that its answers may be old (it does not hear the cluster). */
   stale?: string;
+  /** Through DirectLink ("direct" or "relayed", a `remotegpu-cli tunnel`); absent: straight to LISTEN. */
+  via?: string;
 }
 
 export interface Snapshot {
@@ -43,11 +46,19 @@ export interface WatcherOptions {
   /** How long a server without a remote /v1/nodes route is not asked again. */
   nodesRetryMs?: number;
   now?: () => number;
+  /** Opens a DirectLink tunnel to a server that does not answer directly (RemoteGpuCli.tunnel). */
+  openTunnel?: (server: string) => Promise<Tunnel>;
+}
+
+function strip(state: ServerState & { unreachable?: boolean }): ServerState {
+  delete state.unreachable;
+  return state;
 }
 
 export class ClusterWatcher {
   private readonly keys = new Map<string, CachedKey>();
   private readonly noNodesRoute = new Map<string, number>();
+  private readonly tunnels = new Map<string, Promise<Tunnel>>();
 
   constructor(private readonly o: WatcherOptions) {}
 
@@ -72,13 +83,63 @@ export class ClusterWatcher {
     return key;
   }
 
+  /** A client of the entry's server: through its DirectLink tunnel when one was opened for it. */
   async client(entry: ServerEntry, onStale?: (why: string) => void): Promise<ApiClient> {
+    const tunnel = await this.liveTunnel(entry.server);
     return new ApiClient({ server: entry.server, tenant: entry.tenant, key: await this.key(entry),
-                           timeoutMs: this.o.timeoutMs ?? 5000, onStale });
+                           timeoutMs: this.o.timeoutMs ?? 5000, onStale, via: tunnel?.address });
+  }
+
+  private async liveTunnel(server: string): Promise<Tunnel | undefined> {
+    const opening = this.tunnels.get(server);
+    if (!opening) {
+      return undefined;
+    }
+    try {
+      const t = await opening;
+      if (!t.ended()) {
+        return t;
+      }
+    } catch {
+      // it could not be opened: tried again on the next look
+    }
+    this.tunnels.delete(server);
+    return undefined;
+  }
+
+  /** Ends every tunnel this watcher opened. */
+  close(): void {
+    for (const opening of this.tunnels.values()) {
+      opening.then((t) => t.close(), () => undefined);
+    }
+    this.tunnels.clear();
   }
 
   async serverState(entry: ServerEntry): Promise<ServerState> {
-    const state: ServerState = { entry, error: null };
+    const state = await this.look(entry);
+    const unreachable = state.error !== null && state.unreachable;
+    if (unreachable && !state.via && entry.directlink?.enabled && this.o.openTunnel && !this.tunnels.has(entry.server)) {
+      // The server does not answer directly: through DirectLink, as remotegpu-cli goes.
+      const opening = this.o.openTunnel(entry.server);
+      this.tunnels.set(entry.server, opening);
+      try {
+        await opening;
+      } catch (e) {
+        this.tunnels.delete(entry.server);
+        state.error = `${state.error}; through DirectLink neither: ${(e as Error).message}`;
+        return strip(state);
+      }
+      return strip(await this.look(entry));
+    }
+    return strip(state);
+  }
+
+  private async look(entry: ServerEntry): Promise<ServerState & { unreachable?: boolean }> {
+    const state: ServerState & { unreachable?: boolean } = { entry, error: null };
+    const tunnel = await this.liveTunnel(entry.server);
+    if (tunnel) {
+      state.via = tunnel.path || "relayed";
+    }
     let client: ApiClient;
     try {
       client = await this.client(entry, (why) => { state.stale = why; });
@@ -116,6 +177,7 @@ export class ClusterWatcher {
     const failed = [jobs, workspaces].find((r) => r.status === "rejected") as PromiseRejectedResult | undefined;
     if (failed) {
       state.error = (failed.reason as Error).message;
+      state.unreachable = failed.reason instanceof ApiError && failed.reason.kind === "unreachable";
     }
     return state;
   }

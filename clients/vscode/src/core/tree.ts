@@ -98,7 +98,8 @@ export function serverRows(snap: Snapshot): Row[] {
     rows.push({
       id,
       label: serverLabel(e),
-      description: s.error ? "not answering" : `${e.tenant}${mode ? ` · ${mode}` : ""}`,
+      description: s.error ? "not answering"
+        : `${e.tenant}${mode ? ` · ${mode}` : ""}${s.via ? ` · through DirectLink (${s.via})` : ""}`,
       tooltip: `${e.server}: tenant ${e.tenant} (uid ${e.uid}) of ${e.cluster_id}, key ${e.key}`,
       contextValue: "server",
       icon: s.error ? "warning" : "vm",

@@ -72,7 +72,9 @@ export class Session implements vscode.Disposable {
   }
 
   private makeWatcher(): ClusterWatcher {
-    return new ClusterWatcher({ serversFile: serversPath(homeFolder()) });
+    this.watcher?.close();  // the tunnels of the watcher it replaces
+    // A server that does not answer directly is asked through `remotegpu-cli tunnel` (DirectLink).
+    return new ClusterWatcher({ serversFile: serversPath(homeFolder()), openTunnel: (server) => cli().tunnel(server) });
   }
 
   private visible(): boolean {
@@ -139,6 +141,7 @@ export class Session implements vscode.Disposable {
     if (this.timer) {
       clearInterval(this.timer);
     }
+    this.watcher.close();
     for (const d of this.disposables) {
       d.dispose();
     }
