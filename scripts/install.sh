@@ -13,8 +13,10 @@ PACKAGES=(python3 python3-venv python3-dev gcc passwd util-linux procps openssh-
 EXTRA=""
 if [ "${1:-}" = "--test" ]; then
   EXTRA="[test]"
-  # test images are built offline from busybox; the image pre-stage test pulls from docker-registry
-  PACKAGES+=(busybox-static docker-registry)
+  # test images are built offline from busybox; the image pre-stage test pulls from docker-registry;
+  # prometheus: promtool and the server that tests/integration/test_metrics.py starts itself (the
+  # package's own service is not started: the policy-rc.d below refuses it)
+  PACKAGES+=(busybox-static docker-registry prometheus)
 fi
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/install.sh: run as root (it installs packages and creates $VENV)" >&2

@@ -451,6 +451,50 @@ class DirectLinkConfig(BaseModel):
                         "answers, on the same port): a member with a public address; \"\" none")
 
 
+def _scraper_network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise _bad(f'must be an address or a network, e.g. "127.0.0.1", "10.0.0.0/24" or "::1" ({exc})') from None
+    return value
+
+
+_LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}
+
+
+class MetricsConfig(BaseModel):
+    """`[METRICS]`: who may read `GET /metrics` on LISTEN (docs/METRICS.md). LISTEN is
+    also the tenant API, and the figures are cluster-wide usage, so scraping is off
+    until an admin turns it on, and then open only to the scrapers' addresses."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(False, strict=True, description="serve GET /metrics (Prometheus) on LISTEN; off: it "
+                                                          "answers 404 and says how to turn it on")
+    allow: list[Annotated[str, AfterValidator(_scraper_network)]] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="addresses or networks (CIDR) that may scrape; anyone else gets 403. Default: this machine "
+                    "only (a Prometheus on the node)")
+    tenant_labels: bool = Field(False, strict=True, description="also export per-tenant series labelled with "
+                                                                "tenant names (jobs by state, GPUs held); off: no "
+                                                                "tenant or job name appears in /metrics")
+
+    @property
+    def allowed_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(a) for a in self.allow)
+
+    def allows(self, host: str | None) -> bool:
+        """Whether a scrape from `host` (the peer's address as the server saw it) is let in;
+        an IPv4 address mapped into IPv6 counts as the IPv4 address."""
+        try:
+            address = ipaddress.ip_address(host or "")
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in n for n in self.allowed_networks if n.version == address.version)
+
+
 # ---------------------------------------------------------------- the file
 
 
@@ -507,6 +551,8 @@ class Config(BaseModel):
     CONTAINERS: ContainersConfig = Field(default_factory=ContainersConfig, description="container workspaces and jobs")
     DIRECTLINK: DirectLinkConfig = Field(default_factory=DirectLinkConfig,
                                          description="connections through NAT via relays, end to end encrypted")
+    METRICS: MetricsConfig = Field(default_factory=MetricsConfig,
+                                   description="who may scrape GET /metrics on LISTEN, and tenant labels")
     GPU_POLICY: GpuPolicyConfig = Field(default_factory=GpuPolicyConfig,
                                         description="what is done to a shared-mode job above its VRAM reservation")
     SIMULATED_GPUS: list[SimulatedGpu] = Field(
@@ -549,6 +595,18 @@ class Config(BaseModel):
             raise _cross([("DIRECTLINK", "relays" if dl.relays else "relay_listen",
                            "DirectLink needs CLUSTER_MODE = \"cluster\" (its keys come from the cluster secret); "
                            "a machine alone is a cluster of one: set CLUSTER_MODE = \"cluster\" and a CLUSTER_ID")])
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_loopback_is_not_only_this_machine(self) -> "Config":
+        # DirectLink hands tenants' sessions to LISTEN from loopback: with it, "127.0.0.1"
+        # would let every tenant with a DirectLink session scrape, which `allow` does not say.
+        dl, m = self.DIRECTLINK, self.METRICS
+        loopback = [a for a, n in zip(m.allow, m.allowed_networks) if n.overlaps(_LOOPBACK[n.version])]
+        if m.enabled and loopback and self.CLUSTER_MODE == "cluster" and dl.enabled and (dl.relays or dl.relay_listen):
+            raise _cross([("METRICS", None, f"allow names {', '.join(loopback)} (loopback), which cannot be allowed with "
+                           "[DIRECTLINK] relays or relay_listen: tenants' DirectLink sessions reach LISTEN from loopback too; "
+                           "allow the scraper's own network address instead (e.g. \"10.0.0.5\")")])
         return self
 
     @model_validator(mode="after")
@@ -603,6 +661,7 @@ SECTION_MODELS: dict[tuple[str, ...], type[BaseModel]] = {
     ("CONTAINERS",): ContainersConfig,
     ("GPU_POLICY",): GpuPolicyConfig,
     ("DIRECTLINK",): DirectLinkConfig,
+    ("METRICS",): MetricsConfig,
     ("SIMULATED_GPUS",): SimulatedGpu,
     ("PYTHON_INTERPRETERS",): PythonInterpreter,
 }

@@ -7,7 +7,9 @@ fails `test_every_route_has_a_rule`.
 Rules: `anyone` (health, who am I, the nodes' list), `public` (no identity: health, info,
 join with a code), `tenant` (acts as the caller only), `own` (lists the caller's things
 only), `owner` (one thing of the caller's: another tenant gets 404, as for nothing at
-all), `admin` (root or the admin group), `cluster` (members, signed with the cluster secret).
+all), `admin` (root or the admin group), `cluster` (members, signed with the cluster secret),
+`scraper` (no identity, but only when [METRICS] is enabled and only from the addresses it
+allows: off by default, so 404; docs/METRICS.md, tests/integration/test_metrics.py).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ LOCAL_RULES = {
 PUBLIC_RULES = {
     ("GET", "/v1/health"): "public", ("GET", "/v1/info"): "public", ("POST", "/v1/join"): "public",
     ("GET", "/v1/me"): "tenant", ("GET", "/v1/directlink"): "tenant",
-    ("GET", "/v1/nodes"): "tenant",
+    ("GET", "/v1/nodes"): "tenant", ("GET", "/metrics"): "scraper",
     **{k: v for k, v in LOCAL_RULES.items() if k[1].startswith(("/v1/jobs", "/v1/workspaces"))},
 }
 CLUSTER_RULES = {
@@ -171,7 +173,12 @@ def test_on_the_network_unsigned_unknown_replayed_and_another_tenants_requests_a
     ws = call("POST", "/v1/workspaces", tca, payload={"template": "plain"})
     assert ws.status_code == 200, ws.text
     ws_name = ws.json()["name"]
-    guarded = [(m, fill(p, jid, ws_name)) for (m, p), rule in sorted(PUBLIC_RULES.items()) if rule != "public"]
+    guarded = [(m, fill(p, jid, ws_name)) for (m, p), rule in sorted(PUBLIC_RULES.items())
+               if rule not in ("public", "scraper")]
+    for m, path in sorted(k for k, rule in PUBLIC_RULES.items() if rule == "scraper"):
+        # [METRICS] is off on this node (the default): nobody is served, signed or not
+        assert call(m, path, None).status_code == 404, (m, path)
+        assert call(m, path, tca).status_code == 404, (m, path)
     for m, path in guarded:
         assert call(m, path, None).status_code == 401, (m, path)
         assert call(m, path, "nobody", key=load_private_key(stranger)).status_code == 401, (m, path)

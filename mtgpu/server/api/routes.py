@@ -3,8 +3,9 @@
 Two apps. `local_app` is served on the Unix socket: callers are identified by the
 kernel (SO_PEERCRED). `public_app` is served on LISTEN for clients off the node:
 health and metadata for anyone; `POST /v1/join` with a one-time invite code; every
-other tenant route only for requests signed with the tenant's registered key; and,
-in cluster mode, member-to-member routes signed with the cluster secret. No
+other tenant route only for requests signed with the tenant's registered key; `GET
+/metrics` only when [METRICS] is enabled and for the addresses it allows; and, in
+cluster mode, member-to-member routes signed with the cluster secret. No
 unauthenticated request can submit a job.
 """
 
@@ -14,13 +15,14 @@ import json
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from ...model import logstream
 from ...state.store import ReplicationError
 from ..cluster.errors import ClusterSetupError
 from ..cluster.link import IMAGE_PATH
+from .. import metrics as node_metrics
 from ...model.api import STALE_HEADER
 from . import logs
 from .identity import Caller, caller_from_peer
@@ -253,10 +255,28 @@ def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
         return await run_in_threadpool(service.nodes, who)
 
     add_job_routes(app, service, identify)
+    add_metrics_route(app, service)
 
     if service.member.link.is_cluster:
         add_cluster_routes(app, service)
     return app
+
+
+def add_metrics_route(app: FastAPI, service: MemberService) -> None:
+    """`GET /metrics` for the scrapers [METRICS] allows (server/metrics.py, docs/METRICS.md)."""
+    registry: list = []  # made at the first scrape: an app that is never scraped reads nothing
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics(request: Request) -> Response:
+        settings = service.config.METRICS
+        refusal = node_metrics.scrape_refusal(settings, request.client.host if request.client else None,
+                                              request.headers)
+        if refusal:
+            raise ServiceError(*refusal)
+        if not registry:
+            registry.append(node_metrics.member_registry(service, settings.tenant_labels))
+        body = await run_in_threadpool(node_metrics.exposition, registry[0])
+        return Response(body, media_type=node_metrics.CONTENT_TYPE)
 
 
 def add_cluster_routes(app: FastAPI, service: MemberService) -> None:

@@ -19,6 +19,7 @@ from ...model.job import JobState
 from ...sched import schedule
 from ...state import commands as C
 from ...state.store import ReplicationError, Store, try_commit
+from ..metrics import SchedulerTimings
 from .retention import RETENTION_EVERY_S, apply_retention, retention_report
 from .view import NodeTelemetry, build_queue, build_snapshot, build_usage
 
@@ -41,6 +42,7 @@ class SchedulerRole:
     placements: int = 0
     last_placement_at: float = 0.0
     _usage: dict = field(default_factory=dict)
+    timings: SchedulerTimings = field(default_factory=SchedulerTimings)  # /metrics reads it (server/metrics.py)
     _usage_at: float = -1e18
 
     def report(self, node: str, telemetry: NodeTelemetry) -> None:
@@ -59,8 +61,10 @@ class SchedulerRole:
             if not self._elect(term, now):
                 return
             self._next_retention_at = self.monotonic() + 60.0  # settle first; then hourly
+        began = self.monotonic()
         self._check_members(now)
-        self._place(now)
+        if self._place(now):  # a pass over an empty queue is not timed: it would hide the real ones
+            self.timings.pass_done(self.monotonic() - began)
         if self.monotonic() >= self._next_retention_at:  # a wall-clock jump neither stalls nor hurries it
             self._next_retention_at = self.monotonic() + RETENTION_EVERY_S
             with self.store.lock:
@@ -121,13 +125,14 @@ class SchedulerRole:
                            reason=f"lost on {node} (node down: {reason}); the job asked not to be requeued")
 
     # ------------------------------------------------------------ placement
-    def _place(self, now: float) -> None:
+    def _place(self, now: float) -> bool:
+        """One placement pass; False when the queue was empty (nothing was planned)."""
         machine = self.store.machine
         with self.store.lock:
             queue = build_queue(machine)
             if not queue:
                 self.pending_reasons = {}
-                return
+                return False
             snapshot = build_snapshot(machine, self.telemetry)
             if self.monotonic() - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
                 self._usage, self._usage_at = build_usage(machine, now), self.monotonic()
@@ -139,16 +144,19 @@ class SchedulerRole:
             job = machine.jobs.get(placement.job_id)
             if job is None or job.state is not JobState.QUEUED:
                 continue
-            r = try_commit(self.store, C.JOB_START, job_id=job.id, at=self.clock(), attempt=job.attempt,
+            at = self.clock()
+            r = try_commit(self.store, C.JOB_START, job_id=job.id, at=at, attempt=job.attempt,
                            epoch=self.epoch, allocations=[a.to_dict() for a in placement.allocations])
             if r is None:
-                return  # lost the cluster mid-pass; the next scheduler takes over
+                return True  # lost the cluster mid-pass; the next scheduler takes over
             if not r["ok"]:
                 reasons[job.id] = f"placement refused: {r['error']}"
                 if "epoch" in r["error"]:
                     self.step_down()
-                    return
+                    return True
                 continue
             self.placements += 1
             self.last_placement_at = self.clock()
+            self.timings.job_started(job, at)  # a start leaves submitted_at and history as they were
         self.pending_reasons = reasons
+        return True
