@@ -24,17 +24,21 @@ from ..ports import tcp_connections
 log = logging.getLogger(__name__)
 
 
-def established_to(ports: set[int]) -> int:
-    """Connections in ESTABLISHED state whose local port is one of `ports` on this machine,
-    whoever holds them (a connection whose owning process cannot be seen counts too); 0
-    when psutil is refused the table (the sample then shows no port activity)."""
+def established_ends() -> set[tuple]:
+    """The (local, remote) ends of this machine's ESTABLISHED TCP connections, whoever holds
+    them (a socket shared by several processes is one connection); empty when psutil is
+    refused the table (the sample then shows no port activity)."""
     try:
         conns = tcp_connections()
     except (psutil.Error, OSError):
-        return 0
-    # A socket shared by several processes is one connection: count each pair of ends once.
-    return len({(c.laddr, c.raddr) for c in conns
-                if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port in ports})
+        return set()
+    return {(c.laddr, c.raddr) for c in conns if c.status == psutil.CONN_ESTABLISHED and c.laddr}
+
+
+def established_to(ports: set[int], ends: set[tuple] | None = None) -> int:
+    """Connections in ESTABLISHED state whose local port is one of `ports` on this machine
+    (`ends`: established_ends(), read once for several workspaces)."""
+    return sum(1 for local, _remote in (established_ends() if ends is None else ends) if local.port in ports)
 
 
 class IdleWatch:
@@ -58,6 +62,7 @@ class IdleWatch:
         if not hasattr(runner, "workspace_sessions"):
             return
         gpus = {g.index: g.utilization_pct for g in self.agent.last_gpus()}
+        ends = None  # this machine's TCP table: read once a pass (psutil maps every socket to its process)
         keys = set()
         for job in running:
             key = (job.id, job.attempt)
@@ -65,8 +70,10 @@ class IdleWatch:
             state = self._states.get(key) or started(now)
             ports = {int(h) for h in (job.ws.get("ports") or {}).values()}
             my_gpus = [g.index for a in job.allocations if a.node == self.node_name for g in a.gpus]
+            if ports and ends is None:
+                ends = established_ends()
             sample = Activity(at=now, sessions=runner.workspace_sessions(job.id),
-                              port_connections=established_to(ports) if ports else 0,
+                              port_connections=established_to(ports, ends) if ports else 0,
                               cpu_seconds=runner.cgroups.cpu_seconds(job.id) or 0.0,
                               gpu_util_pct=max((gpus.get(i, 0.0) for i in my_gpus), default=0.0))
             state = observe(state, sample)
