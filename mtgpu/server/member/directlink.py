@@ -111,11 +111,11 @@ class MemberDirectLink:
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         loop.call_soon(ready.set)
-        loop.create_task(self._probe_loop())
         if self.settings.relay_listen:
             loop.create_task(self._serve_relay())
-        if self.settings.relays:
+        if self.settings.relays:  # routes to other members go through a relay it is connected to
             loop.create_task(self._stay_connected())
+            loop.create_task(self._probe_loop())
         try:
             loop.run_forever()
         finally:

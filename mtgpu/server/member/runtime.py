@@ -121,7 +121,7 @@ class Member:
         jobs over), a standalone node says so in one line and goes on (its journal refuses
         what it cannot make durable)."""
         where = str(e.filename or "")
-        if e.errno not in FULL_DISK_ERRNOS or not where.startswith(str(self.state_dir)):
+        if e.errno not in FULL_DISK_ERRNOS or not where or not Path(where).is_relative_to(self.state_dir):
             log.exception("pass failed")
             return
         if self.link.is_cluster:
