@@ -161,15 +161,20 @@ def _servers_live(json_out: bool) -> None:
     """The servers view for scripts: one fetch of every joined cluster; a cluster that does
     not answer is listed with its error (and the exit status is 1)."""
     snapshots = fetch_all(_clusters(LIVE_TIMEOUT_S))
-    if json_out:
-        print_json([snapshot_json(s) for s in snapshots])
-    else:
-        table = Table(*SERVER_COLUMNS, box=None)
-        for row in server_rows(snapshots):
-            table.add_row(*row.cells)
-        out.print(table)
+    _print_views(snapshots, json_out, lambda ss: [snapshot_json(s) for s in ss], server_rows, SERVER_COLUMNS)
     if any(s.error for s in snapshots):
         raise typer.Exit(1)
+
+
+def _print_views(snapshots: list[ClusterSnapshot], json_out: bool, items, rows, columns: tuple[str, ...]) -> None:
+    """The app's view of these snapshots as a table, or its JSON twin."""
+    if json_out:
+        print_json(items(snapshots))
+        return
+    table = Table(*columns, box=None)
+    for row in rows(snapshots):
+        table.add_row(*row.cells)
+    out.print(table)
 
 
 def _clusters(timeout_s: float = 30.0) -> list[Cluster]:
@@ -185,14 +190,8 @@ def _every_cluster(part: str, json_out: bool, items, rows, columns: tuple[str, .
     clusters = _clusters()
     if not clusters:
         fail("no server joined yet: remotegpu-cli join CODE --server HOST:PORT", 2)
-    snapshots: list[ClusterSnapshot] = fetch_all(clusters, (part,))
-    if json_out:
-        print_json(items(snapshots))
-    else:
-        table = Table(*columns, box=None)
-        for row in rows(snapshots):
-            table.add_row(*row.cells)
-        out.print(table)
+    snapshots = fetch_all(clusters, (part,))
+    _print_views(snapshots, json_out, items, rows, columns)
     failed = [s for s in snapshots if s.error is not None]
     for s in failed:
         print(f"remotegpu: cluster {s.cluster} ({s.server}) did not list its {part}: {s.error}", file=sys.stderr)
