@@ -29,7 +29,7 @@ from mtgpu.model import logstream
 from mtgpu.server.api.routes import add_cluster_routes, local_app, public_app
 from tests.support.images import busybox_image, podman_missing
 from tests.support.node import running_node, wait_for
-from tests.support.users import can_create_users, remove_tenant_accounts
+from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
@@ -127,9 +127,7 @@ def anode(alice, bob):
         try:
             yield node
         finally:
-            node.cancel_everything()
-            node.terminate()
-            remove_tenant_accounts(node.tenant_names, UID_RANGE)
+            stop_node_and_remove_tenants(node, node.tenant_names, UID_RANGE)
 
 
 def test_on_the_socket_another_tenant_and_a_non_admin_are_refused(anode, alice, bob):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.support.fuzzing import fuzz_node
 from tests.support.node import running_node
-from tests.support.users import remove_tenant_accounts
+from tests.support.users import stop_node_and_remove_tenants
 
 UID_RANGE = (350000, 359999)
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,8 +22,6 @@ def test_a_deterministic_set_of_bad_inputs_gets_refusals_never_a_crash_a_5xx_or_
         try:
             report = fuzz_node(node, alice, 600, 7, tmp_path, sys.executable, str(ROOT))
         finally:
-            node.cancel_everything()
-            node.terminate()
-            remove_tenant_accounts([getattr(report, "joined_tenant", None)], UID_RANGE)
+            stop_node_and_remove_tenants(node, [getattr(report, "joined_tenant", None)], UID_RANGE)
     assert report.cases >= 600 and report.refused > 0
     assert (report.crashes, report.server_errors, report.changed_after_refusal) == (0, 0, 0), report.examples

@@ -22,7 +22,7 @@ from mtgpu.cli.remotegpu import LIVE_TIMEOUT_S, _client
 from mtgpu.tui.app import RemoteGpuApp
 from tests.support.laptop import invite_and_join, remotegpu
 from tests.support.node import running_node, wait_for
-from tests.support.users import can_create_users, remove_tenant_accounts
+from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
@@ -39,9 +39,7 @@ def tnode():
         try:
             yield n
         finally:
-            n.cancel_everything()
-            n.terminate()
-            remove_tenant_accounts([n.name], UID_RANGE)
+            stop_node_and_remove_tenants(n, [n.name], UID_RANGE)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 from tests.support.images import busybox_image, podman_missing
 from tests.support.laptop import invite_and_join, remotegpu
 from tests.support.node import free_port, running_node, wait_for
-from tests.support.users import can_create_users, remove_tenant_accounts
+from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 asyncssh = pytest.importorskip("asyncssh")
 _why_not = can_create_users() or podman_missing() or (
@@ -44,9 +44,7 @@ def snode():
             try:
                 yield n
             finally:
-                n.cancel_everything()
-                n.terminate()
-                remove_tenant_accounts([n.name], UID_RANGE)
+                stop_node_and_remove_tenants(n, [n.name], UID_RANGE)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from mtgpu.directlink.identity import cluster_key, endpoint_id
 from .dllab import PORT, Proc
 from .natlab import NatLab
 from .node import REPO_ROOT, Node, free_port, running_node, wait_for
-from .users import remove_tenant_accounts
+from .users import stop_node_and_remove_tenants
 
 CLUSTER = "dl-lab"
 
@@ -101,10 +101,7 @@ def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int], **sett
                 assert hosts == [site.host]
                 yield site
             finally:
-                if node.proc is not None and node.proc.poll() is None:
-                    node.cancel_everything()
-                node.terminate()
-                problems = remove_tenant_accounts([name], uid_range)
+                problems = stop_node_and_remove_tenants(node, [name], uid_range)
                 assert not problems, problems
     finally:
         relay.stop()

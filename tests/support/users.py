@@ -172,3 +172,12 @@ def remove_tenant_accounts(names: Iterable[str | None], uid_range: tuple[int, in
         kill_processes_of(pw.pw_uid)
         problems += remove_account(name, uid_range=uid_range, home=pw.pw_dir).problems
     return problems
+
+
+def stop_node_and_remove_tenants(node, names: Iterable[str | None], uid_range: tuple[int, int]) -> list[str]:
+    """At a test's end: cancel what the node runs, stop it, then remove the tenant accounts
+    it made (their processes are gone by then). Returns remove_tenant_accounts' problems."""
+    if node.proc is not None and node.proc.poll() is None:
+        node.cancel_everything()
+    node.terminate()
+    return remove_tenant_accounts(names, uid_range)
