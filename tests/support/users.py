@@ -121,7 +121,7 @@ def temp_user(prefix: str = "mtt", *, uid_range: tuple[int, int] = UID_RANGE,
 
 # Every uid range a test gives to accounts it creates (temp users, the tenants tests'
 # nodes, the cluster tests' nodes, the workspace SSH, authorization and fuzz nodes). Nothing else on a machine has uids here.
-TEST_UID_RANGES = ((250_000, 259_999), (310_000, 409_999))
+TEST_UID_RANGES = ((250_000, 259_999), (310_000, 429_999))
 
 
 def sweep_leftover_accounts(passwd: str = "/etc/passwd") -> list[str]:
