@@ -272,9 +272,9 @@ def workspaces(server: Optional[str] = typer.Option(None, "--server", help=SERVE
     out.print(table)
 
 
-def ssh_target(entry: dict, ws: dict) -> tuple[str, int]:
-    """(host, port) of the tenant sshd of the member that runs the workspace."""
-    address = ws["workspace"]["node_address"] or entry["server"]
+def ssh_target(entry: dict, address: str | None) -> tuple[str, int]:
+    """(host, port) of the tenant sshd of the member at this API address (None: the joined server)."""
+    address = address or entry["server"]
     listen = request(lambda: RemoteClient(address), lambda c: c.info())["ssh_listen"]
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")
@@ -288,12 +288,11 @@ def _ssh_base(entry: dict, host: str, port: int) -> list[str]:
             "-o", f"UserKnownHostsFile={config_dir() / 'known_hosts'}", "-i", entry["key"], "-p", str(port)]
 
 
-def _ssh_route(entry: dict, ws: dict) -> tuple[list[str], str]:
-    """(ssh and its options, host) for the tenant sshd of the workspace's node: straight
-    to it when it answers, else through DirectLink (`remotegpu-cli proxy`, host key pinned)."""
+def _ssh_route(entry: dict, node: str, address: str | None) -> tuple[list[str], str]:
+    """(ssh and its options, host) for the tenant sshd of a member (its name, its API address):
+    straight to it when it answers, else through DirectLink (`remotegpu-cli proxy`, host key pinned)."""
     info = entry.get("directlink") or {}
-    node = ws["workspace"]["node"]
-    address = ws["workspace"]["node_address"] or entry["server"]
+    address = address or entry["server"]
     if info.get("enabled") and any(n["name"] == node for n in info.get("nodes", [])):
         from ..client import directlink as dl
         from ..client import sshconfig
@@ -308,7 +307,7 @@ def _ssh_route(entry: dict, ws: dict) -> tuple[list[str], str]:
             return ["ssh", "-o", "IdentitiesOnly=yes", "-o", f"ProxyCommand={shlex.join(proxy)}",
                     "-o", f"HostKeyAlias={alias}", "-o", f"UserKnownHostsFile={known}",
                     "-o", "StrictHostKeyChecking=yes", "-i", entry["key"]], alias
-    host, port = ssh_target(entry, ws)
+    host, port = ssh_target(entry, address)
     return _ssh_base(entry, host, port), host
 
 
@@ -321,10 +320,30 @@ def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, he
     ws = request(lambda: _client(entry), lambda c: c.workspace(workspace))
     if ws["state"] != "running":
         fail(f"workspace {workspace} is {ws['state']}" + (f" ({ws['reason']})" if ws["reason"] else ""), 1)
-    base, host = _ssh_route(entry, ws)
+    base, host = _ssh_route(entry, ws["workspace"]["node"], ws["workspace"]["node_address"])
     argv = base + ["-o", f"SetEnv=MTGPU_WORKSPACE={ws['workspace']['name']}"]
     argv += ["-t"] if not command else []
     argv += [f"{entry['tenant']}@{host}", *(command or [])]
+    try:
+        os.execvp("ssh", argv)
+    except OSError as e:
+        fail(f"could not run ssh: {e}", 1)
+
+
+@app.command()
+def ssh(node: Optional[str] = typer.Argument(None, help="the node (default: the joined server's own)"),
+        command: Optional[list[str]] = typer.Argument(None, help="run this instead of a terminal"),
+        server: Optional[str] = typer.Option(None, "--server")) -> None:
+    """A terminal on a node (in tmux there), or a command run there, as you: straight to its
+    tenant sshd when it answers, else through DirectLink."""
+    entry = _server(server)
+    nodes = request(lambda: _client(entry), lambda c: c.nodes())
+    node = node or entry["node"]
+    found = [n for n in nodes if n["name"] == node]
+    if not found:
+        fail(f"no node {node!r} in this cluster; its nodes: {', '.join(n['name'] for n in nodes)}", 2)
+    base, host = _ssh_route(entry, node, found[0]["address"])
+    argv = base + (["-t"] if not command else []) + [f"{entry['tenant']}@{host}", *(command or [])]
     try:
         os.execvp("ssh", argv)
     except OSError as e:
@@ -348,7 +367,7 @@ def forward(
     if not found or not found[0]["host_port"]:
         have = ", ".join(str(p["port"]) for p in ws["workspace"]["ports"]) or "none"
         fail(f"workspace {workspace} publishes no port {port} (its ports: {have}); create it with --port {port}", 2)
-    base, host = _ssh_route(entry, ws)
+    base, host = _ssh_route(entry, ws["workspace"]["node"], ws["workspace"]["node_address"])
     local = local_port or port
     argv = base + ["-N", "-o", "ExitOnForwardFailure=yes",
                                                "-L", f"127.0.0.1:{local}:127.0.0.1:{found[0]['host_port']}",

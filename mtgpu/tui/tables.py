@@ -131,7 +131,7 @@ class RowTable(ScrollView, can_focus=True):
 class ServersTable(RowTable):
     view = "servers"
     headings = SERVER_COLUMNS
-    BINDINGS = [Binding("v", "app.vscode", "VS Code (the node)")]
+    BINDINGS = [Binding("t", "app.terminal", "terminal on the node"), Binding("v", "app.vscode", "VS Code (the node)")]
 
 
 class JobsTable(RowTable):

@@ -22,8 +22,7 @@ def test_an_unreachable_node_is_reached_through_the_proxy_with_its_key_pinned(tm
             "nodes": [{"name": "gpu-a", "id": "ab" * 32, "ssh_host_key": "ssh-ed25519 AAAAkey"}]}
     entry = {"server": f"127.0.0.1:{closed_port()}", "tenant": "alice", "key": str(tmp_path / "id_ed25519"),
              "node": "gpu-a", "directlink": info}
-    ws = {"workspace": {"node": "gpu-a", "node_address": f"127.0.0.1:{closed_port()}"}}
-    argv, host = remotegpu._ssh_route(entry, ws)
+    argv, host = remotegpu._ssh_route(entry, "gpu-a", f"127.0.0.1:{closed_port()}")
     assert host == "gpu-a.lab"
     options = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-o")
     proxy = shlex.split(options["ProxyCommand"])
