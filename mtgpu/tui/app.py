@@ -3,6 +3,8 @@ of every cluster joined, refreshed live. Keys are listed by `?` (docs/TUI.md).""
 
 from __future__ import annotations
 
+import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from textual.css.query import NoMatches
 from textual.widgets import ContentSwitcher, Footer, Input, Static
 
 from . import vscode
-from .commands import COMMANDS, Command, CommandError, parse_command, workspace_body
+from .commands import COMMANDS, Command, CommandError, devcontainer_command, parse_command, workspace_body
 from .rows import ClusterSnapshot, Row, filter_rows, job_rows, server_rows, sort_rows, workspace_rows
 from .screens import ConfirmScreen, HelpScreen, LogScreen
 from .source import Cluster, group_by_cluster, merge
@@ -28,6 +30,7 @@ class RemoteGpuApp(App):
     CSS = """
     #title { height: 1; background: $primary; color: $text; padding: 0 1; }
     #status { height: 1; padding: 0 1; }
+    ContentSwitcher { height: 1fr; }
     RowTable { height: 1fr; }
     Input { display: none; }
     Input.shown { display: block; }
@@ -43,7 +46,8 @@ class RemoteGpuApp(App):
         Binding("slash", "filter", "filter"),
         Binding("colon", "command", "command"),
         Binding("question_mark", "help", "keys"),
-        Binding("o", "sort", "sort"),
+        Binding("o", "sort", "sort by the next column"),
+        Binding("O", "reverse", "reverse the order"),
         Binding("r", "refresh_now", "refresh"),
         Binding("q", "quit", "quit"),
         Binding("escape", "close_input", "close", show=False),
@@ -178,6 +182,12 @@ class RemoteGpuApp(App):
         self.say(f"sorted by {columns[self.sorting[self.current][0]]}")
         self.render_view()
 
+    def action_reverse(self) -> None:
+        column, reverse = self.sorting[self.current]
+        self.sorting[self.current] = (column, not reverse)
+        self.say(f"sorted by {self.table().headings[column]}, {'descending' if not reverse else 'ascending'}")
+        self.render_view()
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen(help_text()))
 
@@ -228,7 +238,8 @@ class RemoteGpuApp(App):
 
     # ------------------------------------------------------------ workspaces
     def action_create_workspace(self) -> None:
-        self._open_input("command", "create template ", "create template NAME | create image REF [name=WS]")
+        self._open_input("command", "create template ",
+                         "create template NAME | create image REF | create devcontainer PATH  [name=WS]")
 
     def action_workspace(self, action: str, row: Row | None = None) -> None:
         row = row or self._selected("workspaces")
@@ -252,18 +263,38 @@ class RemoteGpuApp(App):
         return row
 
     def action_terminal(self) -> None:
-        row = self._running_workspace()
-        if row is None:
+        """`t`: a terminal inside the selected running workspace, or on the selected node."""
+        if self.current == "servers":
+            row = self._selected("servers")
+            if row is None or not row.ref.get("node"):
+                self.say("no node selected" if row is None else f"cluster {row.ref['cluster']} did not answer")
+                return
+            entry = self.clusters[row.ref["cluster"]].entry
+            self.hand_over(CLI + ["ssh", row.ref["node"], "--server", entry["server"]], f"node {row.ref['node']}")
             return
-        entry = self.clusters[row.ref["cluster"]].entry
-        argv = CLI + ["shell", row.ref["name"], "--server", entry["server"]]
+        row = self._running_workspace()
+        if row is not None:
+            entry = self.clusters[row.ref["cluster"]].entry
+            self.hand_over(CLI + ["shell", row.ref["name"], "--server", entry["server"]],
+                           f"workspace {row.ref['name']}")
+
+    def hand_over(self, argv: list[str], what: str, then_wait: bool = False) -> None:
+        """Suspend the app and give the terminal to argv; back when it ends (after Enter, with
+        then_wait, so that its last words can be read)."""
         try:
             with self.suspend():
                 code = subprocess.run(argv).returncode
+                if then_wait:
+                    print(f"\n[{what}: exit {code}] press Enter to go back to the app", flush=True)
+                    try:
+                        input()
+                    except EOFError:
+                        pass
         except SuspendNotSupported:
-            self.say(f"this terminal cannot hand itself over: run remotegpu-cli shell {row.ref['name']}")
+            self.say(f"this terminal cannot hand itself over: run remotegpu-cli {shlex.join(argv[3:])} yourself")
             return
-        self.say(f"back from workspace {row.ref['name']} (exit {code})")
+        self.say(f"back from {what} (exit {code})")
+        self.action_refresh_now()
 
     def action_forward(self) -> None:
         row = self._running_workspace()
@@ -279,10 +310,11 @@ class RemoteGpuApp(App):
             if key in self.forwards and self.forwards[key].poll() is None:
                 started.append(f"{port} (already)")
                 continue
+            local = local_port_for(port)
             self.forwards[key] = subprocess.Popen(
-                CLI + ["forward", row.ref["name"], str(port), "--server", entry["server"]],
+                CLI + ["forward", row.ref["name"], str(port), "--local-port", str(local), "--server", entry["server"]],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            started.append(f"http://localhost:{port}")
+            started.append(f"http://localhost:{local}" + (f" (its {port} is taken here)" if local != port else ""))
         self.say(f"forwarding {', '.join(started)} to {row.ref['name']} until you quit")
         self.set_timer(3.0, self._check_forwards)
 
@@ -385,14 +417,24 @@ class RemoteGpuApp(App):
             cluster = self._cluster_for(cmd)
             self.action_workspace(cmd.name, Row(f"{cluster}/{cmd.args[0]}", (),
                                                 {"cluster": cluster, "name": cmd.args[0]}))
+        elif cmd.name == "create" and cmd.args[0] == "devcontainer":
+            cluster = self._cluster_for(cmd)
+            node = cmd.options.get("node") or self._node_for(cluster)
+            entry = self.clusters[cluster].entry
+            self.hand_over(CLI + ["ssh", node, "--server", entry["server"], "--", devcontainer_command(cmd)],
+                           f"mt-container create on {node}", then_wait=True)
         elif cmd.name == "create":
-            if cmd.args[0] == "devcontainer":
-                raise CommandError("creating from a devcontainer.json is not available in the app yet: run "
-                                   "mt-container create --devcontainer DIR on a node")
             cluster = self._cluster_for(cmd)
             body = workspace_body(cmd)
             self._act(cluster, lambda c: c.create_workspace(body), f"created workspace from {cmd.args[0]} "
                       f"{cmd.args[1]} on {cluster}", "could not create the workspace")
+
+    def _node_for(self, cluster: str) -> str:
+        """The selected node of the servers view, else the node this cluster was joined at."""
+        row = self.table("servers").selected()
+        if row is not None and row.ref.get("cluster") == cluster and row.ref.get("node"):
+            return row.ref["node"]
+        return self.clusters[cluster].entry["node"]
 
     def _sort_by(self, cmd: Command) -> None:
         columns = [c.lower() for c in self.table().headings]
@@ -402,6 +444,18 @@ class RemoteGpuApp(App):
             raise CommandError(f"no column {cmd.args[0]!r} here; the columns: {', '.join(columns)}")
         self.sorting[self.current] = (match[0], "desc" in cmd.args[1:])
         self.render_view()
+
+
+def local_port_for(port: int) -> int:
+    """The same port on this computer when it is free here, else one the system gives."""
+    for wanted in (port, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", wanted))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free local port")
 
 
 def help_text() -> str:

@@ -10,10 +10,7 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +19,7 @@ from mtgpu.cli.remotegpu import LIVE_TIMEOUT_S, _client
 from mtgpu.tui.app import RemoteGpuApp
 from tests.support.laptop import invite_and_join, remotegpu
 from tests.support.node import running_node, wait_for
+from tests.support.tmux import app_in_tmux
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 if can_create_users():
@@ -124,25 +122,12 @@ def test_servers_live_json_is_the_servers_views_twin(tnode, laptop):
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_the_real_program_in_tmux_shows_the_servers_help_and_quits(tnode, laptop):
-    session = f"tui{os.getpid()}"
-    cmd = f"REMOTEGPU_HOME={laptop.home} {sys.executable} -m mtgpu.cli.remotegpu --refresh 0.5"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd], check=True,
-                   env={**os.environ, "TERM": "xterm-256color"}, cwd=str(Path(__file__).resolve().parents[2]))
-
-    def screen() -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
-
-    def alive() -> bool:
-        return subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0
-    try:
-        wait_for("the servers view in tmux", lambda: "node-a" in screen() and "RTX 4090" in screen(), timeout_s=30)
-        subprocess.run(["tmux", "send-keys", "-t", session, "?"], check=True)
-        wait_for("the keys", lambda: "Keys everywhere" in screen() and "cancel job" in screen(), timeout_s=10)
-        subprocess.run(["tmux", "send-keys", "-t", session, "Escape"], check=True)
-        wait_for("the help to close", lambda: "Keys everywhere" not in screen(), timeout_s=10)
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        wait_for("the program to end", lambda: not alive(), timeout_s=10)
-    finally:
-        if alive():
-            print(screen())
-            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    with app_in_tmux(laptop.home) as app:
+        app.wait("the servers view in tmux", lambda s: "node-a" in s and "RTX 4090" in s)
+        assert app.screen().startswith(" remotegpu  <1 servers>"), app.screen()  # the title is on the top line
+        app.keys("?")
+        app.wait("the keys", lambda s: "Keys everywhere" in s and "cancel job" in s, timeout_s=10)
+        app.keys("Escape")
+        app.wait("the help to close", lambda s: "Keys everywhere" not in s, timeout_s=10)
+        app.keys("q")
+        wait_for("the program to end", lambda: not app.alive(), timeout_s=10)

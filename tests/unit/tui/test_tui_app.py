@@ -104,6 +104,38 @@ def test_filter_help_and_quit_keys():
     asyncio.run(go())
 
 
+def test_the_title_status_and_footer_all_fit_on_the_screen():
+    client = FakeClient([make_node(f"gpu{i}") for i in range(60)], [])  # more rows than lines
+
+    async def go():
+        app = app_with(client)
+        async with app.run_test(size=(120, 20)) as pilot:
+            await until(pilot, "the nodes", lambda: len(cells(app, "servers")) == 61)
+            title, status = app.query_one("#title").region, app.query_one("#status").region
+            assert title.y == 0 and title.height == 1
+            assert status.height == 1 and status.y == 18  # above the footer: nothing scrolled off
+            assert app.table().region.bottom <= status.y
+    asyncio.run(go())
+
+
+def test_o_sorts_by_the_next_column_and_shift_o_reverses_it():
+    client = FakeClient([make_node("gpu1"), make_node("gpu3"), make_node("gpu2")], [])
+
+    async def go():
+        app = app_with(client)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await until(pilot, "the nodes", lambda: len(cells(app, "servers")) == 4)
+            await pilot.press("slash", *"lab", "enter")
+            await pilot.press("o")  # cluster -> node
+            assert [c[1] for c in cells(app, "servers")] == ["gpu1", "gpu2", "gpu3"]
+            await pilot.press("O")
+            assert [c[1] for c in cells(app, "servers")] == ["gpu3", "gpu2", "gpu1"]
+            assert "sorted by NODE, descending" in str(app.query_one("#status").render())
+            await pilot.press("O")
+            assert [c[1] for c in cells(app, "servers")] == ["gpu1", "gpu2", "gpu3"]
+    asyncio.run(go())
+
+
 def test_cancel_asks_then_cancels_the_selected_job():
     client = FakeClient([make_node()], [make_job(5), make_job(6)])
 
@@ -135,8 +167,10 @@ def test_what_is_not_available_says_so_instead_of_pretending():
             assert "is stopped: start it first" in str(status.render())
             await pilot.press("t")
             assert "is stopped: start it first" in str(status.render())
-            await pilot.press("colon", *"create devcontainer .", "enter")
-            assert "not available in the app yet" in str(status.render())
+            await pilot.press("colon", *"create devcontainer ~/proj", "enter")  # Pilot's terminal cannot be handed over
+            said = str(status.render())
+            assert "cannot hand itself over: run remotegpu-cli ssh node-a --server" in said, said
+            assert said.endswith("-- 'mt-container create --devcontainer proj' yourself"), said
             await pilot.press("colon", *"frob", "enter")
             assert "no command 'frob'" in str(status.render())
     asyncio.run(go())
@@ -144,7 +178,7 @@ def test_what_is_not_available_says_so_instead_of_pretending():
 
 def test_help_lists_every_key_of_every_view():
     text = help_text()
-    for key in ("/", ":", "?", "q", "1", "2", "3", "c", "l", "n", "s", "x", "d", "t", "f", "v"):
+    for key in ("/", ":", "?", "q", "1", "2", "3", "o", "O", "c", "l", "n", "s", "x", "d", "t", "f", "v"):
         assert f"\n  {key} " in text, key
 
 
