@@ -6,6 +6,7 @@ order and the filter are unit-tested and the benchmark times the same code the a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 GIB = 1024 ** 3
@@ -40,16 +41,14 @@ class Row:
     ref: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
+@lru_cache(maxsize=4096)
 def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / GIB:.0f}" if n >= 10 * GIB or n == 0 else f"{n / GIB:.1f}"
 
 
-def gpu_summary(gpus: list[dict]) -> str:
-    """'8x H100' or '1x A100, 2x T4' (the models, counted)."""
-    counts: dict[str, int] = {}
-    for g in gpus:
-        counts[g.get("model") or "?"] = counts.get(g.get("model") or "?", 0) + 1
-    return ", ".join(f"{n}x {m}" for m, n in counts.items()) or "none"
+@lru_cache(maxsize=512)
+def _pct(p: float | None) -> str:
+    return "-" if p is None else f"{p:.0f}"
 
 
 def gpu_free(g: dict) -> bool:
@@ -57,20 +56,38 @@ def gpu_free(g: dict) -> bool:
     return not g.get("exclusive") and not g.get("committed_fraction")
 
 
+def gpu_cells(gpus: list[dict]) -> tuple[str, str, str, str]:
+    """A node's GPU columns in one pass (a refresh makes them for every node):
+    the models counted ('8x H100' or '1x A100, 2x T4'), utilization % and VRAM used/total
+    GiB per GPU, and the free GPUs with the VRAM left on all (total less what is used or
+    committed)."""
+    if not gpus:
+        return "none", "-", "-", "0/0 GPU, 0 GiB"
+    counts: dict[str, int] = {}
+    util, vram = [], []
+    free = left = 0
+    for g in gpus:
+        get = g.get
+        model = get("model") or "?"
+        counts[model] = counts.get(model, 0) + 1
+        util.append(_pct(get("utilization_pct")))
+        total, used = g["vram_total_bytes"], get("vram_used_bytes")
+        vram.append(_used_of(used, total))
+        if not get("exclusive") and not get("committed_fraction"):
+            free += 1
+        left += max(0, total - max(used or 0, get("committed_vram_bytes") or 0))
+    return (", ".join(f"{n}x {m}" for m, n in counts.items()), " ".join(util), " ".join(vram),
+            f"{free}/{len(gpus)} GPU, {_gib(left)} GiB")
+
+
+@lru_cache(maxsize=8192)
+def _used_of(used: int | None, total: int) -> str:
+    return f"{_gib(used)}/{_gib(total)}"
+
+
 def free_text(gpus: list[dict]) -> str:
     """Free GPUs and the VRAM left on all GPUs (total less what is used or committed)."""
-    free = sum(1 for g in gpus if gpu_free(g))
-    vram = sum(max(0, g["vram_total_bytes"] - max(g.get("vram_used_bytes") or 0, g.get("committed_vram_bytes") or 0))
-               for g in gpus)
-    return f"{free}/{len(gpus)} GPU, {_gib(vram)} GiB"
-
-
-def util_text(gpus: list[dict]) -> str:
-    return " ".join("-" if g.get("utilization_pct") is None else f"{g['utilization_pct']:.0f}" for g in gpus) or "-"
-
-
-def vram_text(gpus: list[dict]) -> str:
-    return " ".join(f"{_gib(g.get('vram_used_bytes'))}/{_gib(g['vram_total_bytes'])}" for g in gpus) or "-"
+    return gpu_cells(gpus)[3]
 
 
 ACTIVE_STATES = ("queued", "running")  # JobState's non-final states that hold or wait for GPUs
@@ -101,8 +118,9 @@ def server_rows(snapshots: list[ClusterSnapshot]) -> list[Row]:
             state = n.get("state") or "?"
             if s.error is not None:
                 state = f"stale ({state})"
+            summary, util, vram, free = gpu_cells(gpus)
             rows.append(Row(f"{s.cluster}/{n['name']}", (
-                s.cluster, n["name"], state, gpu_summary(gpus), util_text(gpus), vram_text(gpus), free_text(gpus),
+                s.cluster, n["name"], state, summary, util, vram, free,
                 ",".join(str(i) for i in mine.get(n["name"], [])) or "-",
                 s.path if s.error is None else f"unreachable: {s.error}",
             ), {"cluster": s.cluster, "node": n["name"]}))
