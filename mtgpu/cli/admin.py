@@ -1,4 +1,4 @@
-"""mtgpu-admin: nodes (list, drain, resume), jobs of every tenant, simulated GPU load."""
+"""mtgpu-admin: nodes (list, drain, resume), jobs of every tenant, the web dashboard, simulated GPU load."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..agent.telemetry.simulated import default_override_path, write_simulated_l
 from ..client.local import LocalClient, find_socket
 from ..model.tenant import SHARE_HELP, validate_share
 from ..model.units import UnitError, parse_size
-from .common import err, fail, out, print_json, print_jobs_table, request, size, when
+from .common import err, fail, give_link, out, print_json, print_jobs_table, request, size, when
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 nodes_app = typer.Typer(add_completion=False, help="The cluster's nodes.", invoke_without_command=True)
@@ -206,6 +206,37 @@ def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.
         print_json(rows)
         return
     print_jobs_table(rows, tenant=True)
+
+
+def link_host(listen: str, host: str | None) -> str:
+    """HOST:PORT for a link to LISTEN: `host` (the name or address a browser reaches the node
+    by) or LISTEN's own host, with a wildcard (0.0.0.0, ::) read as this machine's loopback."""
+    listen_host, _, port = listen.rpartition(":")
+    listen_host = listen_host.strip("[]")
+    if host is None:
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(listen_host, listen_host)
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@app.command()
+def dashboard(host: Optional[str] = typer.Option(None, "--host", help="the node's name or address in the link, as "
+                                                 "your browser reaches LISTEN (default: LISTEN's host; 127.0.0.1 "
+                                                 "for 0.0.0.0)"),
+              print_url: bool = typer.Option(False, "--print-url", help="print only the link, one line on stdout"),
+              no_browser: bool = typer.Option(False, "--no-browser", help="do not open a web browser")) -> None:
+    """A one-time link (opened once, within a minute) to this node's web dashboard as an
+    admin: every tenant's jobs and workspaces (docs/DASHBOARD.md). Root or the admin group."""
+    def admin_link(c: LocalClient) -> dict:
+        if not c.whoami()["admin"]:
+            fail("mtgpu-admin dashboard needs root or the admin group (ADMIN_GROUP); tenants use "
+                 "`remotegpu-cli dashboard`", 1)
+        return c.dashboard_link()
+
+    link = request(LocalClient, admin_link)
+    url = f"http://{link_host(link['listen'], host)}{link['path']}"
+    give_link(url, f"the dashboard of {link['cluster_id']} ({link['node']}) as admin {link['name']}, a one-time link "
+                   f"(valid {link['expires_in_s']:.0f} s):\n{url}", print_url, not no_browser)
 
 
 @app.command("simulate-load")

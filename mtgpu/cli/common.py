@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+import webbrowser
 from typing import Any, Callable, NoReturn, TypeVar
 
 from rich.console import Console
@@ -87,3 +88,20 @@ def print_fields(rows: list[tuple[str, Any]], history: list[dict] | None = None)
     """`show`'s layout: one `name  value` line per row, then a `history` line per attempt."""
     for k, v in [*rows, *(("history", history_line(h)) for h in history or [])]:
         out.print(f"{k:>10}  {v}", markup=False)
+
+
+def give_link(url: str, sentence: str, print_url: bool, open_browser: bool) -> None:
+    """A link for a person (the web dashboard's): alone on stdout with `print_url` (for
+    scripts), else within `sentence`; and opened in the default web browser unless not wanted."""
+    if print_url:
+        print(url, flush=True)
+    else:
+        out.print(sentence, markup=False)
+        sys.stdout.flush()
+    if open_browser:
+        try:
+            opened = webbrowser.open(url, new=2)
+        except webbrowser.Error:
+            opened = False
+        if not opened:
+            err.print("no web browser could be started here: open the link in one yourself", markup=False)

@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -23,7 +24,7 @@ from ..client.signing import BadKey, generate_key_pair, load_private_key, public
 from ..tui.rows import (JOB_COLUMNS, SERVER_COLUMNS, WORKSPACE_COLUMNS, ClusterSnapshot, job_items, job_rows,
                         server_rows, snapshot_json, workspace_items, workspace_rows)
 from ..tui.source import Cluster, fetch_all, group_by_cluster
-from .common import fail, out, print_json, print_jobs_table, request
+from .common import fail, give_link, out, print_json, print_jobs_table, request
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, print_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
@@ -456,6 +457,36 @@ def tunnel(server: Optional[str] = typer.Option(None, "--server", help="the join
         pass
     finally:
         t.close()
+
+
+@app.command()
+def dashboard(server: Optional[str] = typer.Option(None, "--server", help="the joined server (default: the first)"),
+              print_url: bool = typer.Option(False, "--print-url", help="print only the link, one line on stdout "
+                                             "(for scripts)"),
+              no_browser: bool = typer.Option(False, "--no-browser", help="do not open a web browser")) -> None:
+    """The node's web dashboard in your browser: members, GPUs and their use now, your
+    queue with the reasons, your workspaces (docs/DASHBOARD.md). The server gives a
+    one-time link (opened once, within a minute). When the server does not answer
+    directly, the link goes through DirectLink to a forward on 127.0.0.1, which this
+    command keeps open until Ctrl-C."""
+    entry = _server(server)
+
+    def show(c: RemoteClient) -> None:
+        link = c.dashboard_link()
+        url = f"http://{c.server}{link['path']}"
+        give_link(url, f"the dashboard of {link['cluster_id']} ({link['node']}) for {link['name']}, a one-time link "
+                       f"(valid {link['expires_in_s']:.0f} s):\n{url}", print_url, not no_browser)
+        if c.path == "direct":
+            return
+        print(f"remotegpu: the dashboard goes through DirectLink ({c.path}); keeping {c.server} open for the browser "
+              "(Ctrl-C ends it)", file=sys.stderr, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+    request(lambda: _client(entry), show)
 
 
 @app.command("ssh-config")

@@ -113,6 +113,10 @@ class LocalClient:
     def nodes(self) -> list[dict]:
         return self._call("GET", "/v1/nodes")
 
+    def dashboard_link(self) -> dict:
+        """A one-time link (its path; valid a minute) to the node's web dashboard, as the caller."""
+        return self._call("POST", "/v1/dashboard/link")
+
     def drain(self, node: str, reason: str = "") -> dict:
         return self._call("POST", f"/v1/nodes/{node}/drain", json={"reason": reason})
 

@@ -93,6 +93,10 @@ class RemoteClient:
     def workspaces(self) -> list[dict]:
         return self._call("GET", "/v1/workspaces")
 
+    def dashboard_link(self) -> dict:
+        """A one-time link (its path; valid a minute) to the node's web dashboard, as this tenant."""
+        return self._call("POST", "/v1/dashboard/link")
+
     def create_workspace(self, body: dict) -> dict:
         """Create a workspace: body as `POST /v1/workspaces` takes it (template or image, name, ...)."""
         return self._call("POST", "/v1/workspaces", body)

@@ -9,7 +9,9 @@ join with a code), `tenant` (acts as the caller only), `own` (lists the caller's
 only), `owner` (one thing of the caller's: another tenant gets 404, as for nothing at
 all), `admin` (root or the admin group), `cluster` (members, signed with the cluster secret),
 `scraper` (no identity, but only when [METRICS] is enabled and only from the addresses it
-allows: off by default, so 404; docs/METRICS.md, tests/integration/test_metrics.py).
+allows: off by default, so 404; docs/METRICS.md, tests/integration/test_metrics.py), `session`
+(the web dashboard: only with the session cookie a one-time link gave, else 401, signed or
+not; docs/DASHBOARD.md, tests/integration/test_dashboard.py).
 """
 
 from __future__ import annotations
@@ -50,11 +52,14 @@ LOCAL_RULES = {
     ("POST", "/v1/nodes/{name}/remove"): "admin", ("POST", "/v1/retention"): "admin",
     ("POST", "/v1/tenants"): "admin", ("GET", "/v1/tenants"): "admin", ("POST", "/v1/tenants/{name}/remove"): "admin",
     ("POST", "/v1/tenants/{name}/assign"): "admin", ("POST", "/v1/tenants/{name}/share"): "admin",
+    ("POST", "/v1/dashboard/link"): "tenant",
 }
 PUBLIC_RULES = {
     ("GET", "/v1/health"): "public", ("GET", "/v1/info"): "public", ("POST", "/v1/join"): "public",
     ("GET", "/v1/me"): "tenant", ("GET", "/v1/directlink"): "tenant",
-    ("GET", "/v1/nodes"): "tenant", ("GET", "/metrics"): "scraper",
+    ("GET", "/v1/nodes"): "tenant", ("GET", "/metrics"): "scraper", ("POST", "/v1/dashboard/link"): "tenant",
+    ("GET", "/dashboard"): "session", ("GET", "/dashboard/api/me"): "session", ("GET", "/dashboard/api/nodes"): "session",
+    ("GET", "/dashboard/api/jobs"): "session", ("GET", "/dashboard/api/workspaces"): "session",
     **{k: v for k, v in LOCAL_RULES.items() if k[1].startswith(("/v1/jobs", "/v1/workspaces"))},
 }
 CLUSTER_RULES = {

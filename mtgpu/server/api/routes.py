@@ -4,7 +4,8 @@ Two apps. `local_app` is served on the Unix socket: callers are identified by th
 kernel (SO_PEERCRED). `public_app` is served on LISTEN for clients off the node:
 health and metadata for anyone; `POST /v1/join` with a one-time invite code; every
 other tenant route only for requests signed with the tenant's registered key; `GET
-/metrics` only when [METRICS] is enabled and for the addresses it allows; and, in
+/metrics` only when [METRICS] is enabled and for the addresses it allows; the web
+dashboard (server/dashboard.py) for the holder of a session a one-time link opened; and, in
 cluster mode, member-to-member routes signed with the cluster secret. No
 unauthenticated request can submit a job.
 """
@@ -22,6 +23,7 @@ from ...model import logstream
 from ...state.store import ReplicationError
 from ..cluster.errors import ClusterSetupError
 from ..cluster.link import IMAGE_PATH
+from .. import dashboard as web_dashboard
 from .. import metrics as node_metrics
 from ...model.api import STALE_HEADER
 from . import logs
@@ -104,6 +106,7 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
         return caller(request)
 
     add_job_routes(app, service, identify)
+    web_dashboard.add_link_route(app, service, tenants, identify, via="socket")
 
     @app.post("/v1/podman/env")
     def podman_env(request: Request, body: PodmanEnvRequest | None = None) -> dict:
@@ -256,6 +259,8 @@ def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
 
     add_job_routes(app, service, identify)
     add_metrics_route(app, service)
+    web_dashboard.add_link_route(app, service, tenants, identify, via="key")
+    web_dashboard.add_page_routes(app, service, tenants)
 
     if service.member.link.is_cluster:
         add_cluster_routes(app, service)

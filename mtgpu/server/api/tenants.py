@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import pwd
 import secrets
+import time
 
 from ...client.signing import HEADER_TENANT, BadKey, SignatureVerifier, parse_public_key
 from ...model.tenant import validate_share, validate_tenant_name
 from ...state import commands as C
+from ..dashboard_access import DashboardAccess
 from .identity import Caller
 from .service import MemberService, ServiceError
 
@@ -27,6 +29,8 @@ class TenantService:
         self.store = service.store
         self.config = service.config
         self.verifier = SignatureVerifier()
+        # the web dashboard's one-time links and sessions (server/dashboard.py), shared by both apps
+        self.dashboard = DashboardAccess(time.monotonic, key_of=lambda viewer: viewer.key)
 
     @property
     def cluster_id(self) -> str:
