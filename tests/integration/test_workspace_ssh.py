@@ -1,6 +1,8 @@
 """Reaching a workspace as a tenant does from a laptop (issue 11): an invited tenant joins,
 `ssh -o SetEnv=MTGPU_WORKSPACE=NAME` lands inside the workspace (a command, and a terminal
-in tmux), and `remotegpu-cli forward WS PORT` brings its web port to localhost."""
+in tmux), and `remotegpu-cli forward WS PORT` brings its web port to localhost. The
+terminal app (issue 14), the real program in tmux, does the same with `t` and `f`, and
+creates a workspace from a devcontainer.json in the tenant's home on the node."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import re
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +23,7 @@ import pytest
 from tests.support.images import busybox_image, podman_missing
 from tests.support.laptop import invite_and_join, remotegpu
 from tests.support.node import free_port, running_node, wait_for
+from tests.support.tmux import app_in_tmux
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 asyncssh = pytest.importorskip("asyncssh")
@@ -40,6 +45,7 @@ def snode():
         with running_node([], parent_dir="/var/lib", CLUSTER_ID="lab-ws", SSH_LISTEN=f"127.0.0.1:{ssh_port}",
                           TENANT_UID_RANGE=list(UID_RANGE), CONTAINERS={"enabled": True, "templates": templates}) as n:
             n.ssh_port = ssh_port
+            n.image = image
             n.name = f"tw{os.getpid() % 10000}"
             try:
                 yield n
@@ -57,7 +63,7 @@ def joined(snode, tmp_path_factory):
                       timeout_s=180)
     assert r.returncode == 0, (r.stderr, snode.server_log()[-3000:])
     ws = json.loads(r.stdout)
-    assert ws["state"] == "running", ws
+    assert ws["state"] == "running", (ws["state"], ws["reason"], snode.server_log()[-3000:])
     return SimpleNamespace(home=home, key=str(home / "id_ed25519"), user=user, ws=ws)
 
 
@@ -111,3 +117,64 @@ def test_remotegpu_shell_is_the_shortcut_into_the_workspace(snode, joined):
     assert r.returncode == 0 and r.stdout.strip() == "inside-the-workspace", (r.stdout, r.stderr)
     r = remotegpu(joined.home, "shell", "nope", "true")
     assert r.returncode != 0 and "no workspace 'nope' of yours" in r.stderr
+
+
+def _page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def test_the_app_hands_its_terminal_over_forwards_and_creates_from_a_devcontainer(snode, joined):
+    project = Path(joined.user.home) / "appproj"
+    (project / ".devcontainer").mkdir(parents=True)
+    (project / ".devcontainer" / "devcontainer.json").write_text(json.dumps({"image": snode.image}))
+    subprocess.run(["chown", "-R", f"{joined.user.uid}:{joined.user.gid}", str(project)], check=True)
+    with app_in_tmux(joined.home) as app:
+        app.keys("3")
+        app.wait("the workspace in the app", lambda s: re.search(r"lab-ws\s+web\s+running", s))
+        app.keys("t")  # the app suspends; the terminal is inside the workspace, in tmux on the node
+        app.wait("the workspace's tmux session", lambda s: "[ws-web]" in s and "$" in s)
+        app.type("echo IN-$(cat /tmp/www/index.html)-$((6*7))")
+        app.keys("Enter")
+        app.wait("the command's output inside the workspace", lambda s: "IN-inside-the-workspace-42" in s)
+        app.type("exit")
+        app.keys("Enter")
+        app.wait("the app back", lambda s: "back from workspace web (exit 0)" in s)
+
+        app.keys("f")
+        said = app.wait("the forward", lambda s: re.search(r"forwarding (http://localhost:\d+)", s))
+        assert wait_for("the forwarded page", lambda: _page(said.group(1)), timeout_s=60,
+                        interval_s=0.3).strip() == "inside-the-workspace"
+
+        app.keys(":")
+        app.wait("the command line", lambda s: "command (? lists them)" in s, timeout_s=10)
+        app.type("create devcontainer ~/appproj name=fromapp")
+        app.keys("Enter")  # the app suspends: mt-container runs on the node, as the tenant, where we watch it
+        done = app.wait("mt-container to end", lambda s: re.search(r"\[mt-container create on node-a: exit (\d+)\]", s),
+                        timeout_s=180)
+        assert done.group(1) == "0", app.screen()
+        app.keys("Enter")
+        app.wait("the new workspace", lambda s: re.search(r"lab-ws\s+fromapp\s+running", s), timeout_s=60)
+        app.keys("/")
+        app.wait("the filter line", lambda s: "filter: words every shown row contains" in s, timeout_s=10)
+        app.type("fromapp")
+        app.keys("Enter")
+        app.wait("the filtered view", lambda s: "filter: fromapp\n" in s and "web " not in s.split("REASON", 1)[1]
+                 and "filter: words every" not in s, timeout_s=10)
+        app.keys("d")
+        app.wait("the question", lambda s: "remove workspace fromapp on lab-ws" in s, timeout_s=10)
+        app.keys("y")
+        app.wait("the removal", lambda s: "removed workspace fromapp on lab-ws" in s, timeout_s=30)
+        app.keys("q")
+        wait_for("the app to end", lambda: not app.alive(), timeout_s=10)
+    wait_for("the forward to end with the app", lambda: not _reachable(said.group(1)), timeout_s=15)
+    names = [w["name"] for w in json.loads(remotegpu(joined.home, "workspaces", "--json").stdout)]
+    assert "fromapp" not in names and "web" in names, names
+
+
+def _reachable(url: str) -> bool:
+    try:
+        _page(url)
+        return True
+    except OSError:
+        return False
