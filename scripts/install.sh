@@ -6,18 +6,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
-# podman, uidmap, slirp4netns, catatonit, runc: rootless container jobs ([CONTAINERS]);
-# iptables: the rule that keeps each workspace port its tenant's.
-PACKAGES=(python3 python3-venv python3-dev gcc passwd util-linux procps openssh-server openssh-client tmux iproute2
-          podman uidmap slirp4netns catatonit runc iptables)
+# The packages, each with why it is needed, are listed once in mtgpu/setup/packages.txt
+# (`mtgpu-setup install` reads the same file): the "node" ones, and with --test the "test" ones.
+roles="node"
 EXTRA=""
 if [ "${1:-}" = "--test" ]; then
+  roles="node test"
   EXTRA="[test]"
-  # test images are built offline from busybox; the image pre-stage test pulls from docker-registry;
-  # prometheus: promtool and the server that tests/integration/test_metrics.py starts itself (the
-  # package's own service is not started: the policy-rc.d below refuses it)
-  PACKAGES+=(busybox-static docker-registry prometheus)
 fi
+PACKAGES=()
+while read -r role name _; do
+  case "$role" in ''|\#*) continue ;; esac
+  case " $roles " in *" $role "*) PACKAGES+=("$name") ;; esac
+done < mtgpu/setup/packages.txt
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/install.sh: run as root (it installs packages and creates $VENV)" >&2
   exit 2

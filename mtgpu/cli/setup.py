@@ -1,5 +1,7 @@
-"""mtgpu-setup: set a node up. `demo` runs a standalone node with simulated GPUs under a
-local folder and shows a tenant's job finishing; `secret` prints a new cluster secret."""
+"""mtgpu-setup: set a node up. `install --yes` installs this machine as a node (packages,
+environment, config, service, autostart; docs/INSTALL.md), `status` says how it is,
+`uninstall [--purge]` removes it; `demo` runs a standalone node with simulated GPUs under
+a local folder and shows a tenant's job finishing; `secret` prints a new cluster secret."""
 
 from __future__ import annotations
 
@@ -16,6 +18,10 @@ from pathlib import Path
 import typer
 
 from ..client.local import ClientError, LocalClient
+from ..setup.install import InstallOptions, Installer, flags_from
+from ..setup.plan import SetupRefused, SetupWork, StepFailed, run_plan
+from ..setup.status import gather_status, status_lines
+from ..setup.uninstall import UninstallOptions, Uninstaller
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -126,6 +132,117 @@ def secret(json_out: bool = typer.Option(False, "--json")) -> None:
     """Print a new cluster secret (for CLUSTER_SECRET_FILE)."""
     value = secrets.token_urlsafe(48)
     typer.echo(json.dumps({"secret": value}) if json_out else value)
+
+
+ROOT_HELP = "install into this folder instead of / (every path: /etc, /run, /var, /usr/local, /opt); for images and tests"
+YES_HELP = "make every change without asking (unattended); without it each change is asked about"
+
+
+def _run_setup(worker: SetupWork, yes: bool) -> None:
+    """Preflight (a refusal changes nothing: status 2), then the steps (a failed one: 1)."""
+    try:
+        worker.preflight()
+        for line in worker.summary():
+            typer.echo(line)
+        for note in worker.notes:
+            typer.echo(f"note: {note}", err=True)
+        steps = worker.steps()
+
+        def ask(question: str) -> bool:
+            try:
+                return typer.confirm(question, default=False)
+            except typer.Abort:
+                return False
+
+        result = run_plan(steps, yes=yes, ask=ask, out=typer.echo)
+    except SetupRefused as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(2)
+    except StepFailed as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(1)
+    for kept in worker.kept:
+        typer.echo(f"kept: {kept}")
+    if result.declined is not None:
+        raise SystemExit(1)
+
+
+@app.command()
+def install(
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
+    cluster_id: str = typer.Option(None, "--cluster-id", help="CLUSTER_ID: cluster mode, in this cluster"),
+    peers: str = typer.Option(None, "--peers", help="PEERS, comma-separated host:port (the founding members' LISTEN)"),
+    listen: str = typer.Option(None, "--listen", help="LISTEN, host:port"),
+    node_name: str = typer.Option(None, "--node-name", help="NODE_NAME (default: the hostname)"),
+    ssh_listen: str = typer.Option(None, "--ssh-listen", help="SSH_LISTEN, host:port of the tenant sshd"),
+    state_dir: str = typer.Option(None, "--state-dir", help="STATE_DIR (default /var/lib/mtgpu)"),
+    tenant_home_root: str = typer.Option(None, "--tenant-home-root", help="TENANT_HOME_ROOT (default /home/mtgpu)"),
+    gpu_backend: str = typer.Option(None, "--gpu-backend", help="GPU_BACKEND: auto, nvml, amd, intel or simulated"),
+    sets: list[str] = typer.Option([], "--set", help="any other config key: KEY=VALUE in TOML, "
+                                                     "e.g. 'TENANT_UID_RANGE=[420000, 429999]'; repeatable"),
+    first: bool = typer.Option(False, "--first", help="this is the cluster's first member: create the cluster "
+                                                      "secret even though PEERS names others"),
+    secret_file: Path = typer.Option(None, "--secret-file", help="a copy of the cluster secret (from the first "
+                                                                 "member) for a member that joins"),
+    root: Path = typer.Option(Path("/"), "--root", help=ROOT_HELP),
+    config: Path = typer.Option(None, "--config", help="the config path (default ROOT/etc/mtgpu/mtgpu.toml)"),
+    venv: Path = typer.Option(None, "--venv", help="the environment (default ROOT/opt/mtgpu/venv); one that "
+                                                   "already has this mtgpu version is used as it is"),
+    source: Path = typer.Option(None, "--source", help="the mtgpu checkout to pip-install from (default: this one)"),
+    service: str = typer.Option("auto", "--service", help="auto (systemd where it is PID 1, else the init script), "
+                                                          "systemd or init.d"),
+    packages: bool = typer.Option(True, "--packages/--no-packages", help="check and install the distribution "
+                                                                         "packages (--no-packages: leave them)"),
+    wait_timeout: float = typer.Option(None, "--wait-timeout", help="seconds to wait for the node to answer "
+                                                                    "(default 90, more for a member that joins)"),
+) -> None:
+    """Install this machine as a node: unattended with --yes, idempotent (a re-run changes nothing)."""
+    options = InstallOptions(
+        root=root, config=config, venv=venv, source=source, service=service, packages=packages,
+        flags=flags_from(cluster_id=cluster_id, peers=peers, listen=listen, node_name=node_name,
+                         ssh_listen=ssh_listen, state_dir=state_dir, tenant_home_root=tenant_home_root,
+                         gpu_backend=gpu_backend),
+        sets=list(sets), first=first, secret_file=secret_file, wait_timeout_s=wait_timeout)
+    _run_setup(Installer(options), yes)
+
+
+@app.command()
+def status(
+    json_out: bool = typer.Option(False, "--json", help="one JSON document"),
+    root: Path = typer.Option(Path("/"), "--root", help=ROOT_HELP),
+    config: Path = typer.Option(None, "--config", help="the config path (default: as installed)"),
+) -> None:
+    """The service's state, the node's health, its role and version. Exit 0: running and
+    answering; 1: running but not answering; 3: not running."""
+    try:
+        doc = gather_status(root, config)
+    except SetupRefused as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(2)
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        for line in status_lines(doc):
+            typer.echo(line)
+    raise SystemExit(doc["exit"])
+
+
+@app.command()
+def uninstall(
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
+    purge: bool = typer.Option(False, "--purge", help="also remove the config, STATE_DIR, the tenants' homes and "
+                                                      "accounts, and the logs"),
+    force: bool = typer.Option(False, "--force", help="uninstall even while jobs run here (they keep running "
+                                                      "without their node); not with --purge"),
+    root: Path = typer.Option(Path("/"), "--root", help=ROOT_HELP),
+    config: Path = typer.Option(None, "--config", help="the config path (default: as installed)"),
+    venv: Path = typer.Option(None, "--venv", help="the environment (default: as installed)"),
+    service: str = typer.Option("auto", "--service", help="the service kind, when no install record is found"),
+) -> None:
+    """Stop and remove the service, its autostart, the command links and the environment the
+    install made. Keeps the config, STATE_DIR and the tenants' homes unless --purge."""
+    _run_setup(Uninstaller(UninstallOptions(root=root, config=config, venv=venv, service=service, purge=purge,
+                                            force=force)), yes)
 
 
 def main() -> None:

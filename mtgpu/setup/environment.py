@@ -1,0 +1,224 @@
+"""The machine's side of an install: distribution packages (the list in packages.txt,
+shared with scripts/install.sh), the Python environment in /opt/mtgpu, and the command
+links in /usr/local/bin."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tomllib
+from dataclasses import dataclass
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Callable
+
+from .plan import Check, SetupRefused, StepFailed
+
+Runner = Callable[..., subprocess.CompletedProcess]
+PACKAGE_ROLES = ("node", "test")
+
+
+# ---------------------------------------------------------------- distribution packages
+
+
+def package_list(roles: tuple[str, ...] = ("node",), text: str | None = None) -> list[str]:
+    """The packages of `roles` from packages.txt (columns: role, package, why)."""
+    if text is None:
+        text = resources.files("mtgpu.setup").joinpath("packages.txt").read_text()
+    names = []
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or parts[0].startswith("#"):
+            continue
+        if parts[0] not in PACKAGE_ROLES or len(parts) < 2:
+            raise ValueError(f"packages.txt: {line!r}: each line is `ROLE PACKAGE WHY` with ROLE one of "
+                             + ", ".join(PACKAGE_ROLES))
+        if parts[0] in roles:
+            names.append(parts[1])
+    return names
+
+
+def missing_packages(names: list[str], run: Runner = subprocess.run) -> list[str]:
+    """The packages of `names` that dpkg does not show as installed. Raises SetupRefused
+    where there is no dpkg (not a Debian-like system)."""
+    if shutil.which("dpkg-query") is None:
+        raise SetupRefused("dpkg-query is not installed, so the distribution packages cannot be checked; install "
+                           f"these with your distribution's tool: {' '.join(names)}; then run again with --no-packages")
+    # One query for all (status 1 when any is unknown to dpkg; the known ones are still listed).
+    r = run(["dpkg-query", "-W", "-f=${Package} ${Status}\n", *names], capture_output=True, text=True)
+    installed = {line.split()[0].split(":")[0] for line in r.stdout.splitlines()
+                 if line.strip() and line.endswith("ok installed")}
+    return [name for name in names if name not in installed]
+
+
+def install_packages(names: list[str], run: Runner = subprocess.run) -> str:
+    """apt-get install `names`, without starting the services they bring (the machine's own
+    sshd stays as the admin has it; mtgpu runs its own tenant sshd)."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    policy = Path("/usr/sbin/policy-rc.d")
+    own_policy = not policy.exists()
+    if own_policy:
+        policy.write_text("#!/bin/sh\n# mtgpu-setup install: services of new packages are not started\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *names]):
+            r = run(cmd, capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                raise StepFailed(f"`{' '.join(cmd)}` exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-800:]}")
+    finally:
+        if own_policy:
+            policy.unlink(missing_ok=True)
+    return f"installed {' '.join(names)}"
+
+
+# ---------------------------------------------------------------- the Python environment
+
+
+def source_folder(given: Path | None = None) -> Path | None:
+    """The folder to pip-install mtgpu from: `given`, else the checkout this code runs from
+    (the folder above the package, when it holds mtgpu's pyproject.toml)."""
+    candidate = given if given is not None else Path(__file__).resolve().parents[2]
+    project = candidate / "pyproject.toml"
+    try:
+        name = tomllib.loads(project.read_text())["project"]["name"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return None
+    return candidate if name == "mtgpu" else None
+
+
+def package_version(source: Path | None = None) -> str:
+    """The mtgpu version this setup installs: the source folder's, else the installed one's."""
+    if source is not None:
+        return tomllib.loads((source / "pyproject.toml").read_text())["project"]["version"]
+    try:
+        return metadata.version("mtgpu")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_PROBE = ("import importlib.metadata as m, json; d = m.distribution('mtgpu'); "
+          "print(json.dumps({'version': d.version, "
+          "'scripts': sorted(e.name for e in d.entry_points if e.group == 'console_scripts')}))")
+
+
+@dataclass(frozen=True)
+class VenvInfo:
+    version: str
+    scripts: tuple[str, ...]
+
+
+def probe_venv(venv: Path, run: Runner = subprocess.run) -> VenvInfo | None:
+    """What mtgpu the environment holds (None: no environment, or no mtgpu in it). Run
+    isolated (-I) from /, so a checkout in the working folder is not what is found."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return None
+    try:
+        r = run([str(python), "-I", "-c", _PROBE], capture_output=True, text=True, cwd="/", timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    try:
+        doc = json.loads(r.stdout)
+        return VenvInfo(str(doc["version"]), tuple(doc["scripts"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Environment:
+    """The environment step: `venv` holds this mtgpu version, or is made (or upgraded)
+    with pip from `source`."""
+
+    def __init__(self, venv: Path, version: str, source: Path | None, run: Runner = subprocess.run) -> None:
+        self.venv = venv
+        self.version = version
+        self.source = source
+        self.run = run
+
+    def info(self) -> VenvInfo | None:
+        return probe_venv(self.venv, self.run)
+
+    def check(self) -> Check:
+        info = self.info()
+        if info is None:
+            what = "no environment there" if not (self.venv / "bin" / "python").exists() else "no mtgpu in it"
+            return Check(False, what)
+        if info.version != self.version:
+            return Check(False, f"it has mtgpu {info.version}, this is {self.version}")
+        if not (self.venv / "bin" / "mtgpu-server").exists():
+            return Check(False, "mtgpu-server is missing from it")
+        return Check(True, f"mtgpu {info.version}")
+
+    def preflight(self) -> None:
+        """Refuse before any change when the environment would need pip and nothing can be installed."""
+        if not self.check().done and self.source is None:
+            raise SetupRefused(f"the environment {self.venv} does not hold mtgpu {self.version}, and there is no "
+                               "source folder to install it from: pass --source DIR (a checkout of mtgpu, with its "
+                               "pyproject.toml), or --venv PATH of an environment that has it")
+
+    def apply(self) -> str:
+        made = False
+        if not (self.venv / "bin" / "python").exists():
+            python3 = shutil.which("python3") or "/usr/bin/python3"
+            self._run([python3, "-m", "venv", str(self.venv)])
+            made = True
+        self._run([str(self.venv / "bin" / "python"), "-m", "pip", "install", "-q", str(self.source)])
+        # tenants run the CLIs (mt-job, mt-container) from here
+        for dirpath, dirnames, filenames in os.walk(self.venv):
+            for name in dirnames + filenames:
+                p = os.path.join(dirpath, name)
+                if not os.path.islink(p):
+                    mode = os.stat(p).st_mode
+                    os.chmod(p, mode | 0o044 | (0o011 if mode & 0o100 else 0))
+        return f"{'made' if made else 'upgraded'} {self.venv} with mtgpu {self.version} from {self.source}"
+
+    def _run(self, cmd: list[str]) -> None:
+        r = self.run(cmd, capture_output=True, text=True, cwd="/")
+        if r.returncode != 0:
+            raise StepFailed(f"`{' '.join(cmd)}` exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-800:]}")
+
+
+# ---------------------------------------------------------------- command links
+
+
+class CommandLinks:
+    """/usr/local/bin/NAME -> VENV/bin/NAME for every command of the package."""
+
+    def __init__(self, bin_dir: Path, venv: Path, scripts: Callable[[], tuple[str, ...]]) -> None:
+        self.bin_dir = bin_dir
+        self.venv = venv
+        self.scripts = scripts
+
+    def _wanted(self) -> dict[Path, Path]:
+        return {self.bin_dir / n: self.venv / "bin" / n for n in self.scripts()}
+
+    def check(self) -> Check:
+        wanted = self._wanted()
+        wrong = [str(link) for link, target in wanted.items()
+                 if not (link.is_symlink() and Path(os.readlink(link)) == target)]
+        if wrong:
+            return Check(False, f"{len(wrong)} of {len(wanted)} to make")
+        return Check(True, f"{len(wanted)} commands")
+
+    def apply(self) -> str:
+        self.bin_dir.mkdir(parents=True, exist_ok=True)
+        made = []
+        for link, target in self._wanted().items():
+            if link.is_symlink() and Path(os.readlink(link)) == target:
+                continue
+            if link.exists() and not link.is_symlink():
+                raise StepFailed(f"{link} is a file, not a link this setup made: move it away and run again")
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+            made.append(link.name)
+        return f"linked {', '.join(made)} into {self.bin_dir}"
+
+    def ours(self) -> list[Path]:
+        """The links in bin_dir that point into this environment (what uninstall removes)."""
+        if not self.bin_dir.is_dir():
+            return []
+        prefix = str(self.venv / "bin") + "/"
+        return sorted(p for p in self.bin_dir.iterdir() if p.is_symlink() and os.readlink(p).startswith(prefix))

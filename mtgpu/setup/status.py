@@ -1,0 +1,85 @@
+"""`mtgpu-setup status`: the service's state, the node's health, its role and the versions."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from ..config import ConfigError, load_config
+from .environment import probe_venv
+from .install import check_root
+from .layout import Layout
+from .manifest import read_manifest
+from .node import role_of, try_health
+from .service import Platform, Runner, ServiceChoice, choose_service, make_service
+
+# exit statuses, as an LSB init script's status action has them
+RUNNING, NOT_ANSWERING, NOT_RUNNING = 0, 1, 3
+
+
+def gather_status(root: Path, config: Path | None = None, venv: Path | None = None, service: str = "auto",
+                  platform: Platform | None = None, run: Runner = subprocess.run) -> dict:
+    """One document: installed, service (kind, state, pid, autostart), node (answers, role,
+    version, ...), environment, config. `exit` is the status the command ends with."""
+    root = check_root(root)
+    m = read_manifest(Layout.make(root).manifest)
+    layout = Layout.make(root, config or (m.config if m else None), venv or (m.venv if m else None))
+    if m is not None:
+        choice = ServiceChoice(m.service, m.boot_hook, "")
+    else:
+        choice = choose_service(platform or Platform.probe(), service, layout.prefixed)
+    svc = make_service(choice, layout, run)
+    installed = svc.definition.exists()
+    pid = svc.running_pid() if installed else None
+    doc: dict = {
+        "installed": installed,
+        "manifest": str(layout.manifest) if m is not None else None,
+        "service": {"kind": choice.kind, "definition": str(svc.definition), "boot_hook": choice.boot_hook,
+                    "state": "running" if pid else ("stopped" if installed else "not installed"), "pid": pid,
+                    "autostart": bool(installed and svc.autostart_enabled())},
+        "config": {"path": str(layout.config), "valid": False, "problem": None},
+        "node": {"answers": False, "error": None},
+        "environment": {"venv": str(layout.venv), "version": None},
+    }
+    info = probe_venv(layout.venv, run)
+    if info is not None:
+        doc["environment"]["version"] = info.version
+    try:
+        cfg = load_config(layout.config)
+    except ConfigError as e:
+        doc["config"]["problem"] = str(e)
+        doc["exit"] = NOT_RUNNING if not pid else NOT_ANSWERING
+        return doc
+    doc["config"].update(valid=True, state_dir=str(cfg.STATE_DIR), socket=str(cfg.socket_path))
+    health, why = try_health(cfg.socket_path)
+    if health is None:
+        doc["node"]["error"] = why
+    else:
+        raft = health.get("raft") or {}
+        doc["node"] = {"answers": True, "error": None, "name": health.get("node"), "pid": health.get("pid"),
+                       "role": role_of(health), "voter": raft.get("voter"), "cluster_id": health.get("cluster_id"),
+                       "scheduler": health.get("scheduler"), "version": health.get("version")}
+    doc["exit"] = RUNNING if pid and health else (NOT_ANSWERING if pid else NOT_RUNNING)
+    return doc
+
+
+def status_lines(doc: dict) -> list[str]:
+    s, n, e, c = doc["service"], doc["node"], doc["environment"], doc["config"]
+    if not doc["installed"]:
+        lines = [f"service:  not installed ({s['definition']} is missing); `mtgpu-setup install --yes` installs it"]
+    else:
+        state = f"running (pid {s['pid']})" if s["pid"] else "stopped"
+        lines = [f"service:  {s['kind']} {s['definition']}: {state}; autostart "
+                 f"{'on' if s['autostart'] else 'off'} ({s['boot_hook']})"]
+    if n["answers"]:
+        lines.append(f"node:     {n['name']} answers (pid {n['pid']}) on {c.get('socket')}")
+        lines.append(f"role:     {n['role']}" + (f" of the cluster {n['cluster_id']}" if n.get("cluster_id") else ""))
+        lines.append(f"version:  {n['version']} (environment {e['venv']}: {e['version'] or 'no mtgpu'})")
+    elif n["error"]:
+        lines.append(f"node:     does not answer ({n['error']})")
+    else:
+        lines.append("node:     not asked (the config cannot be read, so its socket is not known)")
+    if not n["answers"]:
+        lines.append(f"version:  environment {e['venv']}: {e['version'] or 'no mtgpu'}")
+    lines.append(f"config:   {c['path']}" + ("" if c["valid"] else f": {c['problem']}"))
+    return lines
