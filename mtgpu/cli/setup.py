@@ -13,11 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 from pathlib import Path
 
 import typer
 
-from ..client.local import ClientError, LocalClient
+from ..client.local import ClientError, LocalClient, find_socket
 from ..setup.install import InstallOptions, Installer, flags_from
 from ..setup.plan import SetupRefused, SetupWork, StepFailed, run_plan
 from ..setup.status import gather_status, status_lines
@@ -70,10 +71,23 @@ def demo(
     directory: Path = typer.Option(Path("demo-state"), "--dir", help="where the demo node keeps its config and state"),
     port: int = typer.Option(7070, "--port", help="the node's LISTEN port on 127.0.0.1"),
     keep_running: bool = typer.Option(False, "--keep-running", help="leave the node running afterwards"),
+    installed: bool = typer.Option(False, "--installed", help="run the demo job on the node `mtgpu-setup install` "
+                                   "set up here (its config: --config) instead of starting one under --dir"),
+    config_path: Path = typer.Option(Path("/etc/mtgpu/mtgpu.toml"), "--config", help="with --installed: the "
+                                     "installed node's config (its STATE_DIR has the node's socket)"),
+    user: Optional[str] = typer.Option(None, "--user", help=f"with --installed: run the job as this existing local "
+                                       f"user (default: {DEMO_USER}, created when missing)"),
 ) -> None:
-    """Start a standalone node with simulated GPUs and run a demo job as an unprivileged tenant."""
+    """Run a demo job as an unprivileged tenant: on a standalone node with simulated GPUs
+    started for it under --dir, or (--installed) on the node installed on this machine."""
     if os.geteuid() != 0:
-        typer.echo("mtgpu-setup demo starts a node (it runs jobs as other users): run it as root", err=True)
+        typer.echo("mtgpu-setup demo runs a job as another user: run it as root", err=True)
+        raise SystemExit(2)
+    if installed:
+        _demo_on_installed(config_path, user)
+        return
+    if user is not None:
+        typer.echo("--user is for --installed (the demo node under --dir uses its own user)", err=True)
         raise SystemExit(2)
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
@@ -98,22 +112,7 @@ def demo(
                     typer.echo((directory / "server.log").read_text()[-3000:], err=True)
                     raise SystemExit(1)
                 time.sleep(0.1)
-        job_file = Path(home) / "hello.sh"
-        job_file.write_text(DEMO_JOB)
-        os.chown(job_file, uid, gid)
-        env = {"MTGPU_SOCKET": str(sock), "PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "COLUMNS": "120"}
-        typer.echo(f"\n$ cat {job_file}\n{DEMO_JOB}")
-        typer.echo(f"$ mt-job submit --wait hello.sh    # as the tenant {DEMO_USER} (uid {uid})")
-        r = subprocess.run([sys.executable, "-m", "mtgpu.cli.job", "submit", "--wait", "hello.sh"], user=uid, group=gid,
-                           extra_groups=[], cwd=home, env=env)
-        typer.echo(f"\n$ mt-job list    # as {DEMO_USER}")
-        subprocess.run([sys.executable, "-m", "mtgpu.cli.job", "list"], user=uid, group=gid, extra_groups=[], cwd=home, env=env)
-        typer.echo("\n$ mtgpu-admin nodes")
-        subprocess.run([sys.executable, "-m", "mtgpu.cli.admin", "nodes"], env={**env, "HOME": "/root"})
-        if r.returncode != 0:
-            typer.echo(f"the demo job did not complete (status {r.returncode})", err=True)
-            raise SystemExit(1)
-        typer.echo("\nThe demo job completed.")
+        _run_demo_job(str(sock), uid, gid, home)
         if keep_running:
             typer.echo(f"The node keeps running (pid {server.pid}). Try: MTGPU_SOCKET={sock} mt-job list; "
                        f"stop it with: kill {server.pid}")
@@ -125,6 +124,49 @@ def demo(
             except subprocess.TimeoutExpired:
                 server.kill()
             typer.echo("the demo node was stopped (--keep-running leaves it up)")
+
+
+def _demo_on_installed(config_path: Path, user: str | None) -> None:
+    sock = find_socket({"MTGPU_CONFIG": str(config_path)})
+    try:
+        with LocalClient(sock, timeout_s=5) as c:
+            c.health()
+    except ClientError as e:
+        typer.echo(f"the installed node does not answer ({e}): `mtgpu-setup status` says why; install it with "
+                   "`mtgpu-setup install --yes`", err=True)
+        raise SystemExit(1)
+    if user is None:
+        uid, gid, home = _ensure_demo_user(Path("/home"))
+    else:
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            typer.echo(f"--user {user!r}: no such local user; create it first or leave --user out", err=True)
+            raise SystemExit(2)
+        uid, gid, home = pw.pw_uid, pw.pw_gid, pw.pw_dir
+    _run_demo_job(sock, uid, gid, home)
+
+
+def _run_demo_job(sock: str, uid: int, gid: int, home: str) -> None:
+    """Submit the demo job as the user, wait for it, show the lists; exit 1 if it did not complete."""
+    name = pwd.getpwuid(uid).pw_name
+    job_file = Path(home) / "hello.sh"
+    job_file.write_text(DEMO_JOB)
+    os.chown(job_file, uid, gid)
+    env = {"MTGPU_SOCKET": sock, "PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "COLUMNS": "120"}
+    typer.echo(f"\n$ cat {job_file}\n{DEMO_JOB}")
+    typer.echo(f"$ mt-job submit --wait hello.sh    # as the tenant {name} (uid {uid})")
+    r = subprocess.run([sys.executable, "-m", "mtgpu.cli.job", "submit", "--wait", "hello.sh"], user=uid, group=gid,
+                       extra_groups=[], cwd=home, env=env)
+    typer.echo(f"\n$ mt-job list    # as {name}")
+    subprocess.run([sys.executable, "-m", "mtgpu.cli.job", "list"], user=uid, group=gid, extra_groups=[], cwd=home,
+                   env=env)
+    typer.echo("\n$ mtgpu-admin nodes")
+    subprocess.run([sys.executable, "-m", "mtgpu.cli.admin", "nodes"], env={**env, "HOME": "/root"})
+    if r.returncode != 0:
+        typer.echo(f"the demo job did not complete (status {r.returncode})", err=True)
+        raise SystemExit(1)
+    typer.echo("\nThe demo job completed.")
 
 
 @app.command()

@@ -67,7 +67,13 @@ def settings_from_flags(flags: dict[str, Any], sets: list[tuple[str, Any]]) -> d
             settings.setdefault(table, {})[name] = value
         else:
             settings[key] = value
+    if settings.get("GPU_BACKEND") == "simulated" and "SIMULATED_GPUS" not in settings:
+        settings["SIMULATED_GPUS"] = [dict(DEFAULT_SIMULATED_GPUS)]  # a try-out node without GPUs
     return settings
+
+
+# what `--gpu-backend simulated` without --set SIMULATED_GPUS=... gives (docs/INSTALL.md)
+DEFAULT_SIMULATED_GPUS = {"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24GiB", "count": 2}
 
 
 def validated(settings: dict[str, Any], source: str) -> Config:

@@ -333,7 +333,7 @@ class UpdateRcD:
         self.run = run
 
     def enabled(self) -> bool:
-        return any(self.layout.rc_dir(lv).glob(f"S??{SERVICE_NAME}") for lv in RUNLEVELS_START)
+        return any(next(self.layout.rc_dir(lv).glob(f"S??{SERVICE_NAME}"), None) is not None for lv in RUNLEVELS_START)
 
     def enable(self) -> str:
         _run_checked(self.run, ["update-rc.d", SERVICE_NAME, "defaults"])

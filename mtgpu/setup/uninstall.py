@@ -130,13 +130,15 @@ class Uninstaller:
                  lambda: (s.remove_definition(), "removed")[1]),
         ]
         links = CommandLinks(L.bin_dir, L.venv, lambda: ())
-        steps.append(Step(f"remove the command links in {L.bin_dir}", lambda: Check(not links.ours(), "none"),
-                          lambda: self._unlink_all(links.ours())))
         if self.manifest is not None and self.manifest.venv_created:
+            steps.append(Step(f"remove the command links in {L.bin_dir}", lambda: Check(not links.ours(), "none"),
+                              lambda: self._unlink_all(links.ours())))
             steps.append(Step(f"remove the environment {L.venv}", lambda: Check(not L.venv.exists(), "gone"),
                               lambda: _rmtree(L.venv)))
         elif L.venv.exists():
-            self.kept.append(f"the environment {L.venv} (not made by mtgpu-setup install)")
+            # its commands' links stay with it: they still work, and scripts/install.sh may have made them
+            self.kept.append(f"the environment {L.venv} (not made by mtgpu-setup install) and its command links "
+                             f"in {L.bin_dir}")
         steps.append(Step(f"remove {L.manifest}", lambda: Check(not L.manifest.exists(), "gone"),
                           lambda: (L.manifest.unlink(), "removed")[1]))
         if self.config is None:

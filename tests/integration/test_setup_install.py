@@ -209,6 +209,13 @@ def test_install_starts_a_node_a_rerun_changes_nothing_a_job_survives_a_restart_
         assert doc["node"]["role"] == "standalone" and doc["node"]["version"] == "0.1.0"
         assert doc["environment"]["version"] == "0.1.0"
 
+        # The README's first command ends with the demo job on the installed node: its
+        # simulated GPUs are the default ones --gpu-backend simulated gives.
+        assert b'SIMULATED_GPUS = [{ "model" = "NVIDIA GeForce RTX 4090"' in written
+        r = setup_cli("demo", "--installed", "--config", str(m.config), "--user", tenant.name)
+        assert r.returncode == 0 and "The demo job completed." in r.stdout, r.stdout + r.stderr
+        assert "hello from job" in r.stdout and f"running as {tenant.name}" in r.stdout, r.stdout
+
         # A job keeps running while the service restarts, and finishes once.
         flag, marks = Path(tenant.home) / "go", Path(tenant.home) / "marks"
         job_id = submit_as(tenant, m.socket, f"#!/bin/bash\n#MTGPU cpus=1\necho $$ >> {marks}\n"
@@ -238,7 +245,9 @@ def test_install_starts_a_node_a_rerun_changes_nothing_a_job_survives_a_restart_
         assert r.returncode == 0, r.stdout + r.stderr
         wait_for("the server to exit", lambda: not alive(new_pid), timeout_s=30)
         assert not m.script.exists() and not (m.root / "etc/rc2.d/S20mtgpu").is_symlink()
-        assert not (m.root / "usr/local/bin/mt-job").exists() and not (m.root / "etc/mtgpu/install.json").exists()
+        assert not (m.root / "etc/mtgpu/install.json").exists()
+        # the environment was not the install's: it stays, and so do the links to its commands
+        assert os.readlink(m.root / "usr/local/bin/mt-job") == str(VENV / "bin/mt-job")
         assert m.config.read_bytes() == written and (m.state_dir / "state").is_dir()
         assert "kept: STATE_DIR" in r.stdout and (VENV / "bin/mtgpu-server").exists()
         assert m.status()["exit"] == 3

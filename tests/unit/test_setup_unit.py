@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from mtgpu.config import load_config
-from mtgpu.setup.configfile import parse_set, plan_config, render_config, settings_from_flags
+from mtgpu.setup.configfile import (DEFAULT_SIMULATED_GPUS, parse_set, plan_config, render_config, settings_from_flags,
+                                    validated)
 from mtgpu.setup.environment import missing_packages, package_list
 from mtgpu.setup.install import flags_from
 from mtgpu.setup.layout import Layout
@@ -172,6 +173,17 @@ def test_update_rc_d_is_called_with_defaults_and_remove(tmp_path):
     assert calls == [["update-rc.d", "mtgpu", "defaults"], ["update-rc.d", "-f", "mtgpu", "remove"]]
 
 
+def test_update_rc_d_counts_as_enabled_only_with_its_start_link(tmp_path):
+    layout = Layout.make(tmp_path)
+    hook = UpdateRcD(layout, lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
+    for lv in "2345":
+        layout.rc_dir(lv).mkdir(parents=True)
+    (layout.rc_dir("2") / "S01ssh").symlink_to("../init.d/ssh")  # another service's link
+    assert not hook.enabled()
+    (layout.rc_dir("2") / "S01mtgpu").symlink_to("../init.d/mtgpu")
+    assert hook.enabled()
+
+
 # ---------------------------------------------------------------- the init script
 
 
@@ -307,7 +319,16 @@ def test_flags_become_config_keys_and_cluster_id_means_cluster_mode():
                                            parse_set("GPU_BACKEND=simulated"), parse_set("CONTAINERS.enabled=true")])
     assert settings == {"CLUSTER_MODE": "cluster", "CLUSTER_ID": "lab-a", "PEERS": ["10.0.0.1:7070", "10.0.0.2:7070"],
                         "LISTEN": "10.0.0.3:7070", "TENANT_UID_RANGE": [420000, 429999], "GPU_BACKEND": "simulated",
-                        "CONTAINERS": {"enabled": True}}
+                        "CONTAINERS": {"enabled": True}, "SIMULATED_GPUS": [DEFAULT_SIMULATED_GPUS]}
+
+
+def test_simulated_gpus_given_are_kept_and_without_them_two_default_ones_are_written():
+    mine = parse_set('SIMULATED_GPUS=[{model = "T4", vendor = "nvidia", vram = "16GiB", count = 1}]')
+    settings = settings_from_flags(flags_from(gpu_backend="simulated"), [mine])
+    assert settings["SIMULATED_GPUS"] == [{"model": "T4", "vendor": "nvidia", "vram": "16GiB", "count": 1}]
+    assert "SIMULATED_GPUS" not in settings_from_flags(flags_from(gpu_backend="nvml"), [])
+    cfg = validated(settings_from_flags(flags_from(gpu_backend="simulated"), []), "flags")
+    assert [(g.model, g.count) for g in cfg.SIMULATED_GPUS] == [("NVIDIA GeForce RTX 4090", 2)]
 
 
 def test_the_written_config_reads_back_as_the_same_config(tmp_path):
