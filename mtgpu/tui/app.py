@@ -3,6 +3,7 @@ of every cluster joined, refreshed live. Keys are listed by `?` (docs/TUI.md).""
 
 from __future__ import annotations
 
+import gc
 import shlex
 import socket
 import subprocess
@@ -77,6 +78,10 @@ class RemoteGpuApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        # The app's own objects (textual's widgets, styles, caches) live as long as it does:
+        # out of the collector's full passes, which otherwise scan them during a refresh of a
+        # big cluster and make its slowest frames (bench/tui_frame.py).
+        gc.freeze()
         self._show_title()
         self.table().focus()
         self.action_refresh_now()
