@@ -69,6 +69,11 @@ def test_ssh_from_behind_another_nat_reaches_a_member_through_the_relay(tmp_path
         r = remotegpu(lab, "b", home, "whoami", "--json", timeout_s=90)
         assert r.returncode == 0 and json.loads(r.stdout)["name"] == name, r.stderr
         assert "through DirectLink to gpu-a" in r.stderr, r.stderr
+        # The servers view (its scriptable twin) labels the cluster's path: not direct.
+        r = remotegpu(lab, "b", home, "servers", "--live", "--json", timeout_s=90)
+        assert r.returncode == 0, r.stderr
+        [view] = json.loads(r.stdout)
+        assert view["path"] in ("p2p", "relayed") and [n["name"] for n in view["nodes"]] == ["gpu-a"], view
         job = home / "job.sh"
         job.write_text(f"#!/bin/bash\necho job-{mark}\n")
         r = remotegpu(lab, "b", home, "submit", str(job), "--json", timeout_s=90)
