@@ -22,6 +22,13 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def print_warnings(result: dict) -> None:
+    """The submission's warnings on stderr, one line each (#SBATCH options with no effect
+    here, conflicts between #MTGPU and #SBATCH lines, the disk quota)."""
+    for line in ([result["warning"]] if result.get("warning") else []) + list(result.get("warnings") or ()):
+        err.print(f"warning: {line}", markup=False, soft_wrap=True)
+
+
 def print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 

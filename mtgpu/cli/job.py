@@ -1,11 +1,14 @@
 """mt-job: submit, list, show, cancel and read the logs of your jobs.
 
 Every `#MTGPU` directive is also a flag of `submit` (`--gpus nvidia:1`, `--gpu-mode shared`);
-flags win over the file. `--wrap CMD` submits a one-line command without a file.
+flags win over the file. `--wrap CMD` submits a one-line command without a file. A Slurm
+script with `#SBATCH` lines runs as it is, and sbatch's options are flags too (`-c 4 -J x
+--gres=gpu:1`, docs/SLURM.md); where a name is both, the `#MTGPU` meaning is taken.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -14,9 +17,11 @@ from typing import Optional
 import typer
 
 from ..client.local import ClientError, LocalClient
-from ..jobfile import DIRECTIVES
+from ..jobfile import DIRECTIVES, SBATCH_OVERRIDE
+from ..jobfile.sbatch import cli_option_length
 from ..model.job import JobState
-from .common import err, fail, gpu_text, out, print_fields, print_json, print_jobs_table, request, size, when
+from .common import (err, fail, gpu_text, out, print_fields, print_json, print_jobs_table, print_warnings,
+                     request, size, when)
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, follow_to_end, print_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -29,16 +34,28 @@ def _client() -> LocalClient:
 
 
 def parse_directive_flags(args: list[str]) -> tuple[dict[str, str], list[str]]:
-    """Split `--gpus 1 --gpu-mode=shared job.sh` into ({"gpus": "1", ...}, ["job.sh"])."""
+    """Split `--gpus 1 --gpu-mode=shared -c 4 job.sh` into ({"gpus": "1", ..., "sbatch":
+    '["-c", "4"]'}, ["job.sh"]): directive flags, and sbatch options for the server to
+    translate with the file's #SBATCH lines."""
     overrides: dict[str, str] = {}
     rest: list[str] = []
+    sbatch_args: list[str] = []
     i = 0
     while i < len(args):
         a = args[i]
+        key = a[2:].partition("=")[0] if a.startswith("--") else ""
+        if a.startswith("-") and a != "-" and key not in DIRECTIVES:
+            n = cli_option_length(args, i)
+            if n is None:
+                fail(f"unknown option {a.partition('=')[0]}; the directives are: {', '.join(DIRECTIVES)}, "
+                     "and sbatch's options (docs/SLURM.md)", 2)
+            if i + n > len(args):
+                fail(f"{a} needs a value, e.g. {a} VALUE", 2)
+            sbatch_args += args[i:i + n]
+            i += n
+            continue
         if a.startswith("--") and len(a) > 2:
             key, eq, value = a[2:].partition("=")
-            if key not in DIRECTIVES:
-                fail(f"unknown option --{key}; the directives are: {', '.join(DIRECTIVES)}", 2)
             if not eq:
                 if i + 1 >= len(args):
                     fail(f"--{key} needs a value, e.g. --{key} VALUE", 2)
@@ -48,6 +65,8 @@ def parse_directive_flags(args: list[str]) -> tuple[dict[str, str], list[str]]:
         else:
             rest.append(a)
         i += 1
+    if sbatch_args:
+        overrides[SBATCH_OVERRIDE] = json.dumps(sbatch_args)
     return overrides, rest
 
 
@@ -59,7 +78,8 @@ def submit(
     ctx: typer.Context,
     wrap: Optional[str] = typer.Option(None, "--wrap", help="submit this shell command instead of a file"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
-    wait: bool = typer.Option(False, "--wait", help="wait for the job to end, print its log, exit with its status"),
+    wait: bool = typer.Option(False, "--wait", "-W", help="wait for the job to end, print its log, exit with its status"),
+    parsable: bool = typer.Option(False, "--parsable", help="print only the job id (an array's first id), as sbatch"),
 ) -> None:
     """Submit a job file (or --wrap CMD). A request no node could ever run exits with status 2."""
     overrides, rest = parse_directive_flags(list(ctx.args))
@@ -79,10 +99,11 @@ def submit(
     try:
         with _client() as c:
             result = c.submit(script, overrides, workdir=os.getcwd())
-            if result.get("warning"):
-                err.print(f"warning: {result['warning']}", markup=False)
+            print_warnings(result)
             if json_out and not wait:
                 print_json(result)
+            elif parsable and not wait:
+                out.print(str(result["job_ids"][0]), markup=False)
             elif not wait:
                 ids = result["job_ids"]
                 out.print(f"submitted job {ids[0]}" if len(ids) == 1 else

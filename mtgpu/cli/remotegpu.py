@@ -24,7 +24,7 @@ from ..client.signing import BadKey, generate_key_pair, load_private_key, public
 from ..tui.rows import (JOB_COLUMNS, SERVER_COLUMNS, WORKSPACE_COLUMNS, ClusterSnapshot, job_items, job_rows,
                         server_rows, snapshot_json, workspace_items, workspace_rows)
 from ..tui.source import Cluster, fetch_all, group_by_cluster
-from .common import fail, give_link, out, print_json, print_jobs_table, request
+from .common import fail, give_link, out, print_json, print_jobs_table, print_warnings, request
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, print_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
@@ -237,6 +237,7 @@ def submit(
     except OSError as e:
         fail(f"cannot read {job_file}: {e.strerror}", 2)
     r = request(_connect(server), lambda c: c.submit(script))
+    print_warnings(r)
     print_json(r) if json_out else out.print(f"submitted job {r['job_id']}")
 
 

@@ -19,17 +19,25 @@ line of the file and get the same validation; their errors carry `line=None`.
 
 Every problem is a `JobFileError` (a ValueError) whose message names the line,
 the directive, the value and what is allowed; no other exception escapes.
+
+`#SBATCH` lines (a Slurm script) are translated by sbatch.py into the same directives
+and checked here; `read_job_file` says how the two meet and returns the warnings.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from mtgpu.jobfile import sbatch
+from mtgpu.jobfile.after import parse_after
+from mtgpu.jobfile.errors import JobFileError
+from mtgpu.jobfile.patterns import pattern_problem
 from mtgpu.model.gpu import VENDORS, normalize_model
 from mtgpu.model.job import ArraySpec, GpuAlternative, GpuMode, JobSpec
 from mtgpu.model.units import SIZE_HELP, UnitError, parse_duration, parse_size
@@ -41,44 +49,6 @@ MIN_GPU_FRACTION = 0.01
 MAX_NODES = 10_000
 MAX_CPUS = 100_000
 PRIORITY_RANGE = (-1000, 1000)
-_MAX_VALUE_IN_MESSAGE = 80
-
-
-class JobFileError(ValueError):
-    """A job file or command-line directive that cannot be accepted.
-
-    `line` is 1-based (None for command-line overrides and direct calls of
-    `parse_gpus`/`parse_array`); `directive` and `value` are what was written
-    (None where the line could not be split into key=value); `problem` is the
-    message without the location."""
-
-    def __init__(self, problem: str, *, line: int | None = None, directive: str | None = None, value: str | None = None):
-        self.problem = problem
-        self.line = line
-        self.directive = directive
-        self.value = value
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        parts = []
-        if self.line is not None:
-            parts.append(f"line {self.line}")
-        elif self.directive is not None:
-            parts.append("command line")
-        if self.directive is not None:
-            shown = self.value if self.value is not None else ""
-            if len(shown) > _MAX_VALUE_IN_MESSAGE:
-                shown = shown[:_MAX_VALUE_IN_MESSAGE] + "..."
-            parts.append(f'{self.directive}="{shown}"' if self.value is not None else self.directive)
-        parts.append(self.problem)
-        return ": ".join(parts)
-
-    def __reduce__(self):  # keep the attributes across pickling (multiprocessing, logging)
-        return (_rebuild_error, (self.problem, self.line, self.directive, self.value))
-
-
-def _rebuild_error(problem, line, directive, value) -> JobFileError:
-    return JobFileError(problem, line=line, directive=directive, value=value)
 
 
 class _Invalid(Exception):
@@ -296,6 +266,21 @@ def _parse_requeue(value: str) -> bool:
     raise _Invalid("use yes or no")
 
 
+def _parse_after(value: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    try:
+        return parse_after(value.strip())
+    except ValueError as e:
+        raise _Invalid(str(e)) from None
+
+
+def _parse_output(value: str) -> str:
+    text = value.strip()
+    problem = pattern_problem(text)
+    if problem:
+        raise _Invalid(problem)
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class _Directive:
     help: str
@@ -321,6 +306,12 @@ _TABLE: dict[str, _Directive] = {
     "time": _Directive("wall-clock limit, e.g. 90 (minutes), 2h or 1-12:00:00", _parse_time, "time_limit_s"),
     "workdir": _Directive("directory the job starts in", _parse_workdir, "workdir"),
     "requeue": _Directive("yes (default) or no: put the job back in the queue if its node is lost", _parse_requeue, "requeue"),
+    "output": _Directive("also write the job's output to this file (relative: to workdir); %j job id, %A array id, "
+                         "%a index, %x name, %u user, %N node", _parse_output, "output"),
+    "error": _Directive("write the job's stderr to this file instead of output= (the job's log keeps both); "
+                        "the same % patterns", _parse_output, "error"),
+    "after": _Directive("start only when these jobs of yours have ended: afterok:ID[:ID] (completed), "
+                        "afternotok:ID (failed), afterany:ID; several with ','", _parse_after, "after"),
 }
 
 DIRECTIVES: Mapping[str, str] = MappingProxyType({name: d.help for name, d in _TABLE.items()})
@@ -354,11 +345,22 @@ def _parse_one(name: str, value: Any, line: int | None) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class _Given:
-    """One directive as written: where (line None = command line) and the raw value."""
+    """One directive as written: where (line None = command line) and the raw value.
+    `option`: the #SBATCH option it was translated from (--name=value), for messages."""
 
     name: str
     value: str
     line: int | None
+    option: str | None = None
+
+    def parse(self) -> Any:
+        if self.option is None:
+            return _parse_one(self.name, self.value, self.line)
+        option, _, written = self.option.partition("=")
+        try:
+            return _parse_one(self.name, self.value, self.line)
+        except JobFileError as e:
+            raise JobFileError(e.problem, line=self.line, directive=option, value=written) from None
 
 
 def _split_tokens(text: str, line_no: int) -> list[str]:
@@ -461,8 +463,8 @@ def _given_from_overrides(overrides: Mapping[Any, Any]) -> dict[str, _Given]:
     except Exception:  # noqa: BLE001 - a caller passed something that is not a mapping
         raise JobFileError("overrides must be a mapping of directive name to value") from None
     for key, value in items:
-        if value is None:
-            continue  # an unset CLI flag
+        if value is None or key == SBATCH_OVERRIDE:
+            continue  # an unset CLI flag; sbatch options are read with the file's
         if not isinstance(key, str):
             raise JobFileError(f"override key {key!r} is not a directive name; known: {', '.join(_TABLE)}")
         if isinstance(value, bool):
@@ -478,13 +480,84 @@ def _given_from_overrides(overrides: Mapping[Any, Any]) -> dict[str, _Given]:
     return given
 
 
+SBATCH_OVERRIDE = "sbatch"
+"""The override key that carries sbatch options given on the command line (`mt-job submit
+-c 4 --gres=gpu:1 job.sh`): a JSON list of the arguments, read like `#SBATCH` options that
+come after the file's (so they win, as in sbatch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedJobFile:
+    """A request, and what the submitter should hear about it (one line each)."""
+
+    spec: JobSpec
+    warnings: tuple[str, ...] = ()
+
+
+def _sbatch_tokens(overrides: Mapping[Any, Any] | None) -> list[str]:
+    if not overrides or not isinstance(overrides, Mapping) or overrides.get(SBATCH_OVERRIDE) is None:
+        return []
+    raw = overrides[SBATCH_OVERRIDE]
+    try:
+        tokens = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        tokens = None
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise JobFileError("must be a JSON list of sbatch command-line arguments, e.g. [\"-c\", \"4\"]",
+                           directive=SBATCH_OVERRIDE, value=str(raw))
+    return tokens
+
+
+def _same_value(a: _Given, b: _Given) -> bool:
+    try:
+        return _parse_one(a.name, a.value, a.line) == _parse_one(b.name, b.value, b.line)
+    except JobFileError:
+        return False
+
+
+def _merge_sbatch(given: dict[str, _Given], request: sbatch.SbatchRequest, warnings: list[str]) -> None:
+    """#SBATCH values join the #MTGPU ones: where both set a directive the #MTGPU line wins
+    (with a warning when they differ); an sbatch option from the command line wins over the
+    file, as every command-line flag does."""
+    for name in _TABLE:
+        t = request.directives.get(name)
+        if t is None:
+            continue
+        g = _Given(name, t.value, t.line, option=t.option)
+        mine = given.get(name)
+        if mine is None or t.line is None and not t.default:
+            given[name] = g
+        elif not t.default and not _same_value(mine, g):
+            where = f"line {mine.line}" if mine.line is not None else "the command line"
+            warnings.append(f"{where}: #MTGPU {name}={mine.value} wins over #SBATCH {t.option} (line {t.line}), "
+                            f"which asks for something else")
+
+
 def parse_job_file(text: str, overrides: Mapping[str, str] | None = None) -> JobSpec:
-    """Parse a batch script's `#MTGPU` directives (then `overrides`, which win) into a JobSpec.
+    """Parse a batch script's `#MTGPU` (and `#SBATCH`) directives, then `overrides`, which
+    win, into a JobSpec; `read_job_file` also returns the warnings.
 
     The whole text becomes `JobSpec.script`. Raises JobFileError and nothing else."""
+    return read_job_file(text, overrides).spec
+
+
+def read_job_file(text: str, overrides: Mapping[str, str] | None = None) -> ParsedJobFile:
+    """The request of a batch script and what to tell the submitter about it.
+
+    `#MTGPU` lines, `#SBATCH` lines (translated by sbatch.py; where both set the same
+    thing, `#MTGPU` wins, with a warning), then `overrides` (command-line flags, and
+    sbatch options under SBATCH_OVERRIDE), which win over the file. Raises JobFileError
+    and nothing else."""
     if not isinstance(text, str):
         raise JobFileError("the job file must be text (a shell script)")
+    warnings: list[str] = []
     given = _given_from_text(text)
+    for n in late_directive_lines(text):
+        warnings.append(f"line {n}: #MTGPU after the script's first command is ignored; move it up to the "
+                        "comment block at the top")
+    request = sbatch.translate(text, _sbatch_tokens(overrides))
+    warnings += request.warnings
+    _merge_sbatch(given, request, warnings)
     if overrides:
         given.update(_given_from_overrides(overrides))
 
@@ -492,7 +565,7 @@ def parse_job_file(text: str, overrides: Mapping[str, str] | None = None) -> Job
     for name, directive in _TABLE.items():
         g = given.get(name)
         if g is not None:
-            fields[directive.field] = _parse_one(name, g.value, g.line)
+            fields[directive.field] = g.parse()
 
     gpus: tuple[GpuAlternative, ...] = fields.get("gpus", ())
     fractional = any(alt.fractional for alt in gpus)
@@ -516,4 +589,6 @@ def parse_job_file(text: str, overrides: Mapping[str, str] | None = None) -> Job
             directive="vram",
             value=g.value,
         )
-    return JobSpec(script=text, **fields)
+    # a Slurm script (#SBATCH lines, or sbatch options given): it sees Slurm's variables and srun
+    fields["slurm"] = request.found or bool(_sbatch_tokens(overrides))
+    return ParsedJobFile(JobSpec(script=text, **fields), tuple(warnings))

@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 
+DEPENDENCY_KINDS = ("afterok", "afternotok", "afterany")  # JobSpec.after (sched/deps.py)
+
+
 class GpuMode(str, Enum):
     EXCLUSIVE = "exclusive"
     SHARED = "shared"
@@ -116,6 +119,15 @@ class JobSpec:
     workdir: str | None = None
     requeue: bool = True
     workspace: WorkspaceSpec | None = None  # a workspace (mt-container), not a batch job
+    # also write the output (and stderr, when `error` is set) to these files, as sbatch's
+    # --output/--error: Slurm filename patterns (jobfile/patterns.py), relative to workdir
+    output: str | None = None
+    error: str | None = None
+    submit_dir: str | None = None  # where it was submitted from (SLURM_SUBMIT_DIR), when known
+    # queue dependencies, all of which must hold: ((kind, (job ids...)), ...), kind afterok,
+    # afternotok or afterany (sched/deps.py); an id of an array means every task of it
+    after: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    slurm: bool = False  # a Slurm batch script (#SBATCH lines or sbatch options): Slurm's variables and srun
 
     @property
     def wants_gpu(self) -> bool:
@@ -136,6 +148,7 @@ class JobSpec:
         d["array"] = ArraySpec(tuple(arr["indices"]), arr.get("max_running")) if arr else None
         ws = d.get("workspace")
         d["workspace"] = WorkspaceSpec.from_dict(ws) if ws else None
+        d["after"] = tuple((str(kind), tuple(int(i) for i in ids)) for kind, ids in d.get("after", ()))
         return cls(**d)
 
 

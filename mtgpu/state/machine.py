@@ -264,6 +264,15 @@ class StateMachine(TenantCommands):
         job_spec = JobSpec.from_dict(spec)
         if tenant not in self.tenants:
             raise CommandRejected(f"unknown tenant {tenant!r}")
+        for kind, ids in job_spec.after:
+            for jid in ids:
+                parent = self.jobs.get(jid)
+                if parent is None or parent.tenant != tenant:
+                    raise CommandRejected(f"after={kind}:{jid}: you have no job {jid} (a job can wait only for "
+                                          "jobs of yours; `mt-job list` shows them)")
+                if parent.spec.workspace is not None:
+                    raise CommandRejected(f"after={kind}:{jid}: job {jid} is a workspace, which does not end; "
+                                          "wait for a batch job")
         indices = job_spec.array.indices if job_spec.array else (None,)
         first = self.next_job_id
         ids = []

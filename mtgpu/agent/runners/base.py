@@ -5,10 +5,17 @@ persist the returned state, crash, and re-attach to the job after a restart."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ...model.job import WorkspaceSpec
+
+# Our `srun` and `scontrol` (POSIX sh scripts), first on every job's PATH: srun runs its
+# command once on this node, as one task of the job; scontrol only names the job's nodes
+# (docs/SLURM.md). Shipped with the package; tenants must be able to read and execute
+# them (the package's folders are world-readable).
+SLURM_BIN_DIR = str(Path(__file__).with_name("slurm_bin"))
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,11 @@ class Launch:
     container: str | None = None  # run in this image (runners/podman.py); None: natively
     workspace: "WorkspaceSpec | None" = None  # keep the container: a workspace (runners/workspace.py)
     ws_token: str | None = None  # the workspace's secret token, when it has one already
+    # sbatch's --output / --error: the job's output is also written to these files (as the
+    # tenant, relative to workdir; stderr to error_path when set), besides log_path
+    output_path: str | None = None
+    error_path: str | None = None
+    output_append: bool = False  # append (a requeued attempt) instead of starting them empty
 
 
 @dataclass

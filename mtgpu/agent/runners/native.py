@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtgpu.agent import procs
-from mtgpu.agent.runners.base import ENDED, LOST, NEVER_STARTED, RUNNING, ExitInfo, Launch, RunnerError
+from mtgpu.agent.runners.base import (ENDED, LOST, NEVER_STARTED, RUNNING, SLURM_BIN_DIR, ExitInfo, Launch,
+                                      RunnerError)
 from mtgpu.agent.runners.cgroups import CgroupManager, gpu_device_nodes
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
@@ -54,6 +55,16 @@ def _interpreter(script: str) -> list[str]:
             arg = arg.strip()
             return [interp] + ([arg] if arg else [])
     return ["/bin/bash"]
+
+
+def _executable_by_all(path: Path) -> None:
+    """Jobs run our srun (on their PATH); an install that lost its mode bits gets them back."""
+    try:
+        mode = path.stat().st_mode
+        if mode & 0o555 != 0o555:
+            os.chmod(path, mode | 0o555)
+    except OSError:
+        pass
 
 
 def marked_pids(job_id: int, token: str) -> set[int]:
@@ -98,6 +109,8 @@ class NativeRunner:
         os.chmod(self.runs_dir, 0o700)
         self.cgroups = cgroups if cgroups is not None else CgroupManager(cgroup_parent, pids_max=pids_max)
         self._runs: dict[int, _Run] = {}
+        for tool in ("srun", "scontrol"):
+            _executable_by_all(Path(SLURM_BIN_DIR) / tool)
 
     # -- start -------------------------------------------------------------------
     def start(self, launch: Launch) -> dict:
@@ -157,6 +170,8 @@ class NativeRunner:
             "argv": command.argv, "script_arg": command.script_arg, "cgroup_procs": cg.procs_files if cg else [],
             "rlimit_as": rlimit_as if command.rlimit_as_ok else None,
             "lease_path": launch.lease_path, "lease_s": launch.lease_s,
+            "output_path": launch.output_path, "error_path": launch.error_path,
+            "output_append": launch.output_append,
         }
         fd = os.open(job_dir / "launch.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:

@@ -38,7 +38,7 @@ from mtgpu.agent.podman.cdi import CdiSpec
 from mtgpu.agent.podman.images import ImageError, ImageStore
 from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, error_line, last_error
 from mtgpu.agent.podman.ports import PortGuard, PortGuardError
-from mtgpu.agent.runners.base import RUNNING, ExitInfo, Launch, RunnerError
+from mtgpu.agent.runners.base import RUNNING, SLURM_BIN_DIR, ExitInfo, Launch, RunnerError
 from mtgpu.agent.runners.native import Command, NativeRunner, _interpreter
 from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, entry_script, gpus_label, layer_image,
                                            parse_inspect, pick_host_ports, publish_args, workspace_container)
@@ -185,6 +185,8 @@ class ContainerRunner(NativeRunner):
                  "-v", f"{self.cache_volume}:{CACHE_MOUNT}"]
         if ws is None:
             argv += ["-v", f"{files / 'script'}:{SCRIPT_MOUNT}:ro"]
+            if os.path.isdir(SLURM_BIN_DIR):  # our srun, at the path the job's PATH names
+                argv += ["-v", f"{SLURM_BIN_DIR}:{SLURM_BIN_DIR}:ro"]
         else:
             argv += ["-v", f"{files / 'entry'}:{ENTRY_MOUNT}:ro"]
             for source, target, ro in ws.mounts:

@@ -19,12 +19,19 @@ when the job's main process ends, what is left of the job (its cgroups, its orph
 killed before the end is recorded. In a cluster it also fences the job: once the
 member's lease (server/cluster/lease.py) is older than lease_s, it kills the job, and
 keeps killing what the job forks, until it is gone.
+
+sbatch's --output/--error (launch.json's output_path/error_path): the job's process opens
+those files as the tenant, in the job's working directory, then forks the job itself with
+its stdout/stderr on pipes and copies what comes to the log and to the files until the job
+ends; it ends as the job did (the same exit code, or the same signal), so the shim records
+the job's own end.
 """
 
 import ctypes
 import json
 import os
 import resource
+import select
 import signal
 import stat
 import sys
@@ -131,12 +138,109 @@ def _child(spec, log_fd, script_fd, err_w, go_r):
         if spec.get("script_arg", True):
             os.set_inheritable(script_fd, True)
             argv.append("/dev/fd/%d" % script_fd)
+        if spec.get("output_path") or spec.get("error_path"):
+            files = {}
+            for key, what in (("output_path", "output"), ("error_path", "error")):
+                if spec.get(key):
+                    step = "open the %s file %s (in %s)" % (what, spec[key], spec["workdir"])
+                    files[key] = _open_output(spec[key], bool(spec.get("output_append")))
+            step = "start the job's output copier"
+            out_r, out_w = os.pipe()  # both ends close on exec
+            err_r, err_pipe_w = os.pipe() if "error_path" in files else (None, None)
+            pid = os.fork()
+            if pid == 0:  # the job itself
+                os.dup2(out_w, 1)
+                os.dup2(err_pipe_w if err_pipe_w is not None else out_w, 2)
+                step = "run %s" % argv[0]
+                os.execve(argv[0], argv, spec["env"])
+            os.close(err_w)  # the job's copy of it tells the shim that it ran (EOF) or why not
+            os.close(out_w)
+            sources = {out_r: [log_fd] + ([files["output_path"]] if "output_path" in files else [])}
+            if err_r is not None:
+                os.close(err_pipe_w)
+                sources[err_r] = [log_fd, files["error_path"]]
+            if "output_path" not in files:  # only error=: stderr goes there, stdout to the log only
+                sources[out_r] = [log_fd]
+            _copy_output(pid, sources)  # never returns
         os.execve(argv[0], argv, spec["env"])
     except BaseException as e:  # report to the shim, which records it as the reason
         try:
             os.write(err_w, ("could not %s: %s" % (step, e)).encode()[:4000])
         finally:
             os._exit(127)
+
+
+def _open_output(path, append):
+    """An output file of the job, opened as the tenant (its permissions apply), emptied
+    first unless `append` (a requeued attempt goes on where the last one stopped)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    return os.open(path, flags, 0o644)
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _copy_output(pid, sources):
+    """In the job's process, after it forked the job: copy each pipe in `sources` to its
+    files until the job has ended and what it wrote is copied, then end as it ended.
+    Never returns. Signals that stop a job reach the job through its process group; this
+    copier ignores them, so what the job prints while it stops is kept."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_IGN)
+    status = None
+    try:
+        poller = select.poll()
+        for fd in sources:
+            poller.register(fd, select.POLLIN)
+        left = set(sources)
+        drain_until = None
+        while left:
+            if status is None:
+                got, st = os.waitpid(pid, os.WNOHANG)
+                if got == pid:
+                    status = st
+                    drain_until = time.monotonic() + 2.0  # what the job wrote; not a leftover's endless output
+            events = poller.poll(200 if status is None else 0)
+            if status is not None and (not events or time.monotonic() > drain_until):
+                break
+            for fd, _ in events:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    poller.unregister(fd)
+                    left.discard(fd)
+                    continue
+                targets = sources[fd]
+                for k in range(len(targets) - 1, -1, -1):
+                    try:
+                        _write_all(targets[k], data)
+                    except OSError:  # a full disk or quota on the tenant's file: the log goes on
+                        if k > 0:
+                            del targets[k]
+        if status is None:
+            status = os.waitpid(pid, 0)[1]
+    except BaseException:
+        if status is None:
+            try:
+                status = os.waitpid(pid, 0)[1]
+            except OSError:
+                os._exit(127)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+            os.kill(os.getpid(), sig)
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
 def _lease_age(path):

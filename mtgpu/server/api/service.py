@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from ...agent.podman.images import ImageError
 from ...agent.podman.setup import SAVED_PREFIX
 from ...agent.podman.tenant import PODMAN, PodmanSetupError
-from ...jobfile import JobFileError, parse_job_file
+from ...jobfile import JobFileError, read_job_file
 from ...model.job import Job, JobSpec, JobState
 from ...sched import check_satisfiable
 from ...state import commands as C
@@ -94,16 +94,21 @@ class MemberService:
         if workdir is not None and (not workdir.startswith("/") or "\0" in workdir):
             raise ServiceError(422, f"refused: workdir {workdir!r} must be an absolute path", refused=True)
         try:
-            spec = parse_job_file(script, overrides)
+            parsed = read_job_file(script, overrides)
         except JobFileError as e:
             raise ServiceError(422, f"job file refused: {e}", refused=True) from None
+        spec = replace(parsed.spec, submit_dir=workdir) if workdir else parsed.spec
         if workdir and not spec.workdir:
             spec = replace(spec, workdir=workdir)
         elif spec.workdir and not spec.workdir.startswith("/"):
             # A relative workdir= is the submitter's: below where it submitted from, else its home.
             base = workdir or tenant_home_of(self.config.TENANT_HOME_ROOT, caller.name, caller.uid)
             spec = replace(spec, workdir=os.path.normpath(os.path.join(base, spec.workdir)))
-        return await self.submit_spec(caller, spec)
+        out = await self.submit_spec(caller, spec)
+        # one line each, for the submitter's stderr: #SBATCH options with no effect here,
+        # #MTGPU lines that win over #SBATCH ones, directives below the first command
+        out["warnings"] = list(parsed.warnings)
+        return out
 
     async def submit_spec(self, caller: Caller, spec: JobSpec, what: str = "job") -> dict:
         """Commit a parsed request (a job, or a workspace: `what`) as the caller's, after the

@@ -26,7 +26,7 @@ from ...state.store import Store, try_commit
 from .idle_watch import IdleWatch
 from .vram_watch import VramWatch
 from .image_gate import FAIL, WAIT, Fetch, ImageGate
-from .jobenv import job_env
+from .jobenv import job_env, output_paths
 from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reconcile
 
 log = logging.getLogger(__name__)
@@ -213,6 +213,7 @@ class AgentLoop:
         user = _user_name(job)
         home = tenant_home_of(self.home_root, job.tenant, job.uid)
         env = job_env(job, rank, self.node_name, user, home, self._node_vendors, master, mps=self.mps)
+        output_path, error_path = output_paths(job, rank, self.node_name, user)
         launch = Launch(
             job_id=job.id, uid=job.uid, gid=job.gid, extra_gids=supplementary_groups(user, job.gid),
             home=home, workdir=job.spec.workdir or home, script=job.spec.script, env=env,
@@ -226,6 +227,7 @@ class AgentLoop:
             container=job.spec.container,
             workspace=job.spec.workspace,
             ws_token=job.ws.get("token"),
+            output_path=output_path, error_path=error_path, output_append=job.attempt > 0,
         )
         try:
             enforced = self.agent.start(launch, attempt=job.attempt)

@@ -21,7 +21,7 @@ from ...state import commands as C
 from ...state.store import ReplicationError, Store, try_commit
 from ..metrics import SchedulerTimings
 from .retention import RETENTION_EVERY_S, apply_retention, retention_report
-from .view import NodeTelemetry, build_queue, build_snapshot, build_usage
+from .view import NodeTelemetry, build_queue, build_snapshot, build_usage, hold_dependents
 
 log = logging.getLogger(__name__)
 
@@ -129,17 +129,21 @@ class SchedulerRole:
         """One placement pass; False when the queue was empty (nothing was planned)."""
         machine = self.store.machine
         with self.store.lock:
-            queue = build_queue(machine)
-            if not queue:
-                self.pending_reasons = {}
-                return False
-            snapshot = build_snapshot(machine, self.telemetry)
-            if self.monotonic() - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
-                self._usage, self._usage_at = build_usage(machine, now), self.monotonic()
-            usage = self._usage
+            queue, waiting, never = hold_dependents(machine, build_queue(machine))
+            if queue:
+                snapshot = build_snapshot(machine, self.telemetry)
+                if self.monotonic() - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
+                    self._usage, self._usage_at = build_usage(machine, now), self.monotonic()
+                usage = self._usage
+        for job_id, why in never.items():  # a dependency that can never be met: as Slurm does, cancel
+            try_commit(self.store, C.JOB_CANCEL, job_id=job_id, at=self.clock(), by="the scheduler", reason=why)
+        if not queue:
+            self.pending_reasons = waiting
+            return False
         plan = schedule(snapshot, queue, now, usage)
         reasons = dict(plan.pending)
         reasons.update(plan.rejected)
+        reasons.update(waiting)
         for placement in plan.placements:
             job = machine.jobs.get(placement.job_id)
             if job is None or job.state is not JobState.QUEUED:

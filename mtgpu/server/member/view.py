@@ -10,6 +10,7 @@ import math
 from ...model.cluster import ClusterSnapshot, GpuView, NodeContainers, NodeView, PendingJob, RunningAlloc, TenantUsage
 from ...model.gpu import GpuInfo, HostInfo, normalize_model
 from ...model.job import JobState
+from ...sched import deps
 from ...state.machine import StateMachine
 
 
@@ -111,3 +112,37 @@ def build_queue(machine: StateMachine) -> list[PendingJob]:
         for job in machine.queued_jobs()
         if job.state is JobState.QUEUED
     ]
+
+
+def hold_dependents(machine: StateMachine, queue: list[PendingJob]) -> tuple[list[PendingJob], dict[int, str],
+                                                                               dict[int, str]]:
+    """Split the queue by queue dependencies (sched/deps.py): (the jobs that may be placed,
+    {job: why it waits}, {job: why it never can}: those are to be cancelled)."""
+    if not any(p.spec.after for p in queue):
+        return queue, {}, {}
+    tasks: dict[int, list[JobState]] | None = None
+
+    def states_of(jid: int) -> list[JobState] | None:
+        nonlocal tasks
+        job = machine.jobs.get(jid)
+        if job is None:
+            return None
+        if job.array_parent != jid:
+            return [job.state]
+        if tasks is None:  # an array's id: every task of it (indexed once per pass)
+            tasks = {}
+            for j in machine.jobs.values():
+                if j.array_parent is not None:
+                    tasks.setdefault(j.array_parent, []).append(j.state)
+        return tasks[jid]
+
+    ready, waiting, never = [], {}, {}
+    for p in queue:
+        v = deps.verdict(p.spec.after, states_of) if p.spec.after else None
+        if v is None or v.state == deps.READY:
+            ready.append(p)
+        elif v.state == deps.WAITING:
+            waiting[p.job_id] = v.reason
+        else:
+            never[p.job_id] = v.reason
+    return ready, waiting, never

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mtgpu.model.job import JobState as S
-from mtgpu.sched.deps import NEVER, READY, WAITING, parse_after, render_after, verdict
+from mtgpu.jobfile.after import parse_after, render_after
+from mtgpu.sched.deps import NEVER, READY, WAITING, verdict
 
 
 def states(table):
