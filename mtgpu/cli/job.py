@@ -22,6 +22,7 @@ from ..jobfile.sbatch import cli_option_length
 from ..model.job import JobState
 from .common import (err, fail, gpu_text, out, print_fields, print_json, print_jobs_table, print_warnings,
                      request, size, when)
+from . import squeue
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, follow_to_end, print_log
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -138,14 +139,34 @@ def _wait_and_print(c: LocalClient, job_ids: list[int], json_out: bool) -> int:
 @app.command("list")
 def list_jobs(
     active: bool = typer.Option(False, "--active", help="only queued and running jobs"),
+    states: Optional[str] = typer.Option(None, "--state", "-t", help="only these states: queued,running,... or "
+                                         "Slurm's PD,R,CD,F,CA (squeue -t)"),
+    name: Optional[str] = typer.Option(None, "--name", "-n", help="only jobs with this name (squeue -n)"),
+    me: bool = typer.Option(False, "--me", help="your jobs (squeue --me): the only ones mt-job lists anyway"),
+    fmt: Optional[str] = typer.Option(None, "--format", "-o", help="squeue's %-fields, e.g. '%.8i %.20j %.9T "
+                                      "%.10M %R' (docs/SLURM.md lists them)"),
+    no_header: bool = typer.Option(False, "--noheader", "-h", help="with --format: no heading line"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Your jobs."""
+    try:
+        wanted = squeue.parse_states(states) if states else None
+        if fmt is not None:
+            squeue.check_format(fmt)
+    except squeue.FormatError as e:
+        fail(str(e), 2)
+    if no_header and fmt is None:
+        fail("--noheader goes with --format (the table always has its heading)", 2)
     jobs = request(_client, lambda c: c.jobs(active_only=active))
+    jobs = [j for j in jobs if (wanted is None or j["state"] in wanted) and (name is None or j["name"] == name)]
     if json_out:
         print_json(jobs)
-        return
-    print_jobs_table(jobs)
+    elif fmt is not None:
+        now = time.time()
+        lines = ([] if no_header else [squeue.header(fmt)]) + [squeue.render(j, fmt, now) for j in jobs]
+        print("\n".join(lines))
+    else:
+        print_jobs_table(jobs)
 
 
 @app.command()

@@ -210,6 +210,9 @@ def test_afterok_waits_for_its_parent_and_is_cancelled_when_the_parent_fails(nod
                                             "echo child-ran\n")[0]["job_id"]
     waiting = wait_for("the child's reason", lambda: (j := node.job(child))["reason"] and j, timeout_s=30)
     assert waiting["state"] == "queued" and waiting["reason"] == f"waiting for job {parent} (running)", waiting
+    # squeue's habit: the pending ones, in squeue's format
+    r = node.mt_job(alice, "list", "-t", "PD", "-o", "%i %t %R", "-h")
+    assert r.returncode == 0 and r.stdout.strip() == f"{child} PD (waiting for job {parent} (running))", r
     flag.write_text("0")
     done = node.wait_state(child, {"completed", "failed", "cancelled"}, timeout_s=60)
     assert done["state"] == "completed" and "child-ran" in log_of(node, alice, child), done
