@@ -36,6 +36,7 @@ from typing import Any
 
 from mtgpu.jobfile import sbatch
 from mtgpu.jobfile.after import parse_after
+from mtgpu.jobfile.block import prefixed_lines
 from mtgpu.jobfile.errors import JobFileError
 from mtgpu.jobfile.patterns import pattern_problem
 from mtgpu.model.gpu import VENDORS, normalize_model
@@ -409,25 +410,7 @@ def _unknown_directive(key: str, value: str, line: int | None) -> JobFileError:
 def _directive_lines(text: str) -> tuple[list[tuple[int, str]], list[int]]:
     """The `#MTGPU` lines of the leading comment block (number, rest of line), and
     the numbers of `#MTGPU` lines found after the block (ignored, as Slurm does)."""
-    inside: list[tuple[int, str]] = []
-    late: list[int] = []
-    in_block = True
-    for number, line in enumerate(text.split("\n"), start=1):
-        if number == 1 and line.startswith("\ufeff"):
-            line = line[1:]
-        stripped = line.strip()
-        if in_block and stripped and not stripped.startswith("#"):
-            in_block = False
-        if not stripped.startswith(DIRECTIVE_PREFIX):
-            continue
-        rest = stripped[len(DIRECTIVE_PREFIX):]
-        if rest and not rest[0].isspace():
-            continue  # "#MTGPUX" is some other comment
-        if in_block:
-            inside.append((number, rest))
-        else:
-            late.append(number)
-    return inside, late
+    return prefixed_lines(text, DIRECTIVE_PREFIX, at_column_one=False)
 
 
 def late_directive_lines(text: str) -> list[int]:

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mtgpu.jobfile.after import parse_after
+from mtgpu.jobfile.block import prefixed_lines
 from mtgpu.jobfile.errors import JobFileError
 from mtgpu.jobfile.sbatch_options import (BY_LONG, BY_SHORT, NONE, OPTION_NAMES, OPTIONAL, OPTIONS, REQUIRED,
                                           SHORT_REFUSED, Opt)
@@ -96,23 +97,9 @@ class _Seen:
 
 def sbatch_lines(text: str) -> tuple[list[tuple[int, str]], list[int]]:
     """The `#SBATCH` lines of the leading comment block (number, rest of the line), and the
-    numbers of `#SBATCH` lines after it (which sbatch ignores)."""
-    inside: list[tuple[int, str]] = []
-    late: list[int] = []
-    in_block = True
-    for number, line in enumerate(text.split("\n"), start=1):
-        if number == 1 and line.startswith("\ufeff"):
-            line = line[1:]
-        stripped = line.strip()
-        if in_block and stripped and not stripped.startswith("#"):
-            in_block = False
-        if not line.startswith(SBATCH_PREFIX):
-            continue
-        rest = line[len(SBATCH_PREFIX):]
-        if rest and not rest[0].isspace():
-            continue  # "#SBATCHX" is some other comment
-        (inside.append((number, rest)) if in_block else late.append(number))
-    return inside, late
+    numbers of `#SBATCH` lines after it (which sbatch ignores). sbatch reads them only at
+    the start of a line."""
+    return prefixed_lines(text, SBATCH_PREFIX, at_column_one=True)
 
 
 def split_line(rest: str, line: int | None) -> list[str]:
