@@ -1,4 +1,4 @@
-"""mtgpu-admin: nodes (list, drain, resume), jobs of every tenant, the web dashboard, simulated GPU load."""
+"""mtgpu-admin: nodes (list, drain, resume), jobs of every tenant, usage (accounting), the web dashboard, simulated GPU load."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ..client.local import LocalClient, find_socket
 from ..model.tenant import SHARE_HELP, validate_share
 from ..model.units import UnitError, parse_size
 from .common import err, fail, give_link, out, print_json, print_jobs_table, request, size, when
+from .usage import checked, print_report, since_option, until_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 nodes_app = typer.Typer(add_completion=False, help="The cluster's nodes.", invoke_without_command=True)
@@ -206,6 +207,21 @@ def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.
         print_json(rows)
         return
     print_jobs_table(rows, tenant=True)
+
+
+@app.command()
+def usage(
+    since: Optional[str] = since_option(),
+    until: Optional[str] = until_option(),
+    by: str = typer.Option("tenant", "--by", help="group by tenant, model (GPU model), node or day"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Finished jobs' usage of every tenant, like sreport: GPU-hours per GPU model, CPU and
+    memory hours reserved, run and wait time, wait percentiles per GPU model (docs/ACCOUNTING.md).
+    Root or the admin group; tenants see their own with `mt-job usage`."""
+    checked(since, until, by, ("tenant", "model", "node", "day"))
+    report = request(LocalClient, lambda c: c.usage(since, until, by))
+    print_report(report, json_out, "usage of every tenant's finished jobs")
 
 
 def link_host(listen: str, host: str | None) -> str:

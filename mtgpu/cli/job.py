@@ -1,4 +1,4 @@
-"""mt-job: submit, list, show, cancel and read the logs of your jobs.
+"""mt-job: submit, list, show, cancel and read the logs of your jobs; `usage` adds up what they used.
 
 Every `#MTGPU` directive is also a flag of `submit` (`--gpus nvidia:1`, `--gpu-mode shared`);
 flags win over the file. `--wrap CMD` submits a one-line command without a file. A Slurm
@@ -24,6 +24,7 @@ from .common import (err, fail, gpu_text, out, print_fields, print_json, print_j
                      request, size, when)
 from . import squeue
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, follow_to_end, print_log
+from .usage import checked, print_report, since_option, until_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -206,6 +207,20 @@ def cancel(job_id: int, json_out: bool = typer.Option(False, "--json")) -> None:
 def logs(job_id: int, follow: bool = FOLLOW, tail: Optional[int] = TAIL, head: Optional[int] = HEAD,
          rank: int = RANK) -> None:
     print_log(_client, job_id, follow, head, tail, rank)
+
+
+@app.command()
+def usage(
+    since: Optional[str] = since_option(),
+    until: Optional[str] = until_option(),
+    by: str = typer.Option("model", "--by", help="group by model (GPU model), day or node"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Your finished jobs' usage: GPU-hours per GPU model, CPU and memory hours reserved, run
+    and wait time, wait percentiles per GPU model (docs/ACCOUNTING.md)."""
+    checked(since, until, by, ("model", "day", "node"))
+    report = request(_client, lambda c: c.usage(since, until, by, mine=True))
+    print_report(report, json_out, "usage of your finished jobs")
 
 
 def main() -> None:

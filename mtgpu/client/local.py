@@ -144,5 +144,11 @@ class LocalClient:
     def assign_tenant(self, name: str, clusters: list[str]) -> dict:
         return self._call("POST", f"/v1/tenants/{name}/assign", json={"clusters": clusters})
 
+    def usage(self, since: str | None = None, until: str | None = None, by: str | None = None,
+              mine: bool = False) -> dict:
+        """Finished jobs' usage: every tenant's (admins), or `mine`, the caller's own."""
+        params = {k: v for k, v in (("since", since), ("until", until), ("by", by)) if v}
+        return self._call("GET", "/v1/usage/mine" if mine else "/v1/usage", params=params)
+
     def set_tenant_share(self, name: str, share: float) -> dict:
         return self._call("POST", f"/v1/tenants/{name}/share", json={"share": share})

@@ -86,6 +86,11 @@ class RemoteClient:
     def cancel(self, job_id: int) -> dict:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
+    def usage(self, since: str | None = None, until: str | None = None, by: str | None = None) -> dict:
+        """This tenant's finished jobs' usage (docs/ACCOUNTING.md)."""
+        params = {k: v for k, v in (("since", since), ("until", until), ("by", by)) if v}
+        return self._call("GET", "/v1/usage/mine", params=params)
+
     def nodes(self) -> list[dict]:
         """The cluster's members with their GPUs' live use (what a tenant may see)."""
         return self._call("GET", "/v1/nodes")

@@ -231,6 +231,8 @@ class Job:
     # the member's token for the submission that made it: a submission proposed again
     # after a leader change (its outcome unknown) finds its jobs instead of adding copies
     submit_key: str = ""
+    # once final: what it used (model/usage.py JobUsage.to_dict(), docs/ACCOUNTING.md)
+    usage: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -256,6 +258,7 @@ class Job:
             "history": [dict(h) for h in self.history],
             "ws": dict(self.ws),
             "submit_key": self.submit_key,
+            "usage": self.usage,
         }
 
     def rank_log_path(self, rank: int) -> str:
@@ -288,4 +291,5 @@ class Job:
             history=[dict(h) for h in d.get("history", ())],
             ws=dict(d.get("ws", {})),
             submit_key=d.get("submit_key", ""),
+            usage=d.get("usage"),
         )

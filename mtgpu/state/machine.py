@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..model.job import GpuMode, Job, JobSpec, JobState, NodeAllocation
+from ..model.usage import JobUsage, UsageSummary, job_usage
 from . import commands as C
 from .tenants import Invite, TenantCommands, TenantRecord, TenantRejected
 
@@ -129,6 +130,7 @@ class StateMachine(TenantCommands):
         self.sched_epoch = 0  # raised by each new scheduler; placements carry it
         self.scheduler = ""
         self.applied = 0  # count of commands applied (the journal sequence)
+        self.usage = UsageSummary()  # forgotten jobs' usage, per tenant, day, node and model
         self._queued: dict[int, None] = {}  # insertion-ordered set
         self._running: dict[int, None] = {}
         self._by_key: dict[str, list[int]] = {}  # submission key -> the jobs it made
@@ -190,6 +192,18 @@ class StateMachine(TenantCommands):
 
     def array_tasks(self, parent: int) -> list[Job]:
         return [j for j in self.jobs.values() if j.array_parent == parent]
+
+    def usage_copy(self) -> tuple[list[dict], list[dict]]:
+        """The kept records' usage (never changed once set) and a copy of the summary's rows,
+        for a report made outside the lock."""
+        return [j.usage for j in self.jobs.values() if j.usage], self.usage.rows()
+
+    def _account(self, job: Job, run_end: float | None) -> None:
+        """The job is final now: keep its usage in its record (model/usage.py)."""
+        def model_of(node: str, index: int) -> str:
+            rec = self.nodes.get(node)
+            return next((g.model for g in rec.gpus if g.index == index), "") if rec else ""
+        job.usage = job_usage(job, model_of, run_end, job.ended_at if job.ended_at is not None else 0.0).to_dict()
 
     # ---------------------------------------------------------------- tenants and nodes
     def _node_register(self, name: str, gpus: list, cpus: float, mem_total_bytes: int,
@@ -438,6 +452,7 @@ class StateMachine(TenantCommands):
             job.reason = f"stopped: {what}"
             return {"final": False}
         job.state, job.exit_code, job.ended_at, job.reason = final, exit_code, at, reason
+        self._account(job, at)
         return {"final": True}
 
     def _job_cancel(self, job_id: int, at: float, by: str = "", reason: str = "") -> dict:
@@ -445,9 +460,12 @@ class StateMachine(TenantCommands):
         if job.state.final:
             raise CommandRejected(f"job {job_id} is already {job.state.value}")
         was = job.state
+        # a running attempt held its reservation until now, a stopped workspace's until it stopped
+        run_end = at if was is JobState.RUNNING else (job.ended_at if was is JobState.STOPPED else None)
         self._release(job)
         job.state, job.ended_at = JobState.CANCELLED, at
         job.reason = reason or (f"cancelled by {by}" if by else "cancelled")
+        self._account(job, run_end)
         return {"was": was.value}
 
     def _job_requeue(self, job_id: int, at: float, reason: str = "", attempt: int | None = None) -> dict:
@@ -503,6 +521,7 @@ class StateMachine(TenantCommands):
             job.allocations = tuple(NodeAllocation.from_dict(a) for a in entry["allocations"])
             entry["outcome"] += "; its member came back with this attempt's end before the copy started: taken"
             job.reason = reason or f"ran on {node}, which reported its end after it had been marked down"
+            self._account(job, at)
         return {"taken": taken}
 
     def _workspace_stop(self, job_id: int, at: float, reason: str = "", attempt: int | None = None) -> dict:
@@ -558,6 +577,9 @@ class StateMachine(TenantCommands):
         job = self._job(job_id)
         if not job.state.final:
             raise CommandRejected(f"job {job_id} is {job.state.value}; only finished jobs can be forgotten")
+        if job.usage is None:
+            self._account(job, job.ended_at if job.started_at is not None else None)
+        self.usage.fold(JobUsage.from_dict(job.usage), at)  # its usage outlives its record
         del self.jobs[job_id]
         ids = self._by_key.get(job.submit_key)
         if ids is not None:
@@ -585,6 +607,7 @@ class StateMachine(TenantCommands):
             "retired_ids": sorted(self.retired_ids),
             "nodes": [n.to_dict() for n in self.nodes.values()],
             "jobs": [j.to_dict() for j in self.jobs.values()],
+            "usage": self.usage.to_dict(),
         }
 
     @classmethod
@@ -603,10 +626,13 @@ class StateMachine(TenantCommands):
         for jd in d["jobs"]:
             job = Job.from_dict(jd)
             sm.jobs[job.id] = job
+        sm.usage = UsageSummary.from_dict(d.get("usage"))  # absent in snapshots from before accounting
         for jid in sorted(sm.jobs):
             job = sm.jobs[jid]
             if job.submit_key:
                 sm._by_key.setdefault(job.submit_key, []).append(jid)
+            if job.state.final and job.usage is None:  # finished before accounting: from its record
+                sm._account(job, job.ended_at if job.started_at is not None else None)
             if job.state is JobState.QUEUED:
                 sm._queued[jid] = None
             elif job.state is JobState.RUNNING:

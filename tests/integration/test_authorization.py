@@ -52,7 +52,7 @@ LOCAL_RULES = {
     ("POST", "/v1/nodes/{name}/remove"): "admin", ("POST", "/v1/retention"): "admin",
     ("POST", "/v1/tenants"): "admin", ("GET", "/v1/tenants"): "admin", ("POST", "/v1/tenants/{name}/remove"): "admin",
     ("POST", "/v1/tenants/{name}/assign"): "admin", ("POST", "/v1/tenants/{name}/share"): "admin",
-    ("POST", "/v1/dashboard/link"): "tenant",
+    ("POST", "/v1/dashboard/link"): "tenant", ("GET", "/v1/usage"): "admin", ("GET", "/v1/usage/mine"): "own",
 }
 PUBLIC_RULES = {
     ("GET", "/v1/health"): "public", ("GET", "/v1/info"): "public", ("POST", "/v1/join"): "public",
@@ -60,7 +60,7 @@ PUBLIC_RULES = {
     ("GET", "/v1/nodes"): "tenant", ("GET", "/metrics"): "scraper", ("POST", "/v1/dashboard/link"): "tenant",
     ("GET", "/dashboard"): "session", ("GET", "/dashboard/api/me"): "session", ("GET", "/dashboard/api/nodes"): "session",
     ("GET", "/dashboard/api/jobs"): "session", ("GET", "/dashboard/api/workspaces"): "session",
-    **{k: v for k, v in LOCAL_RULES.items() if k[1].startswith(("/v1/jobs", "/v1/workspaces"))},
+    **{k: v for k, v in LOCAL_RULES.items() if k[1].startswith(("/v1/jobs", "/v1/workspaces", "/v1/usage/mine"))},
 }
 CLUSTER_RULES = {
     ("POST", "/cluster/v1/report"): "cluster", ("POST", "/cluster/v1/role"): "cluster",

@@ -133,6 +133,11 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
     def retention(body: RetentionRequest, request: Request) -> dict:
         return service.retention(caller(request), body.dry_run, body.as_of)
 
+    @app.get("/v1/usage")
+    def usage(request: Request, since: str | None = None, until: str | None = None, by: str = "tenant") -> dict:
+        """Every tenant's finished jobs' usage (root or the admin group; docs/ACCOUNTING.md)."""
+        return service.usage(caller(request), since, until, by, mine=False)
+
     @app.post("/v1/tenants")
     def invite(body: InviteRequest, request: Request) -> dict:
         return tenants.invite(caller(request), body.name, body.clusters, body.ttl_s)
@@ -184,6 +189,12 @@ def add_job_routes(app: FastAPI, service: MemberService, identify) -> None:
     @app.post("/v1/jobs/{job_id}/cancel")
     async def cancel(job_id: int, request: Request) -> dict:
         return await run_in_threadpool(service.cancel, await identify(request), job_id)
+
+    @app.get("/v1/usage/mine")
+    async def my_usage(request: Request, since: str | None = None, until: str | None = None,
+                       by: str = "model") -> dict:
+        """The caller's own finished jobs' usage (docs/ACCOUNTING.md)."""
+        return await run_in_threadpool(service.usage, await identify(request), since, until, by, True)
 
     @app.get(logstream.LOG_STREAM_PATH, response_class=LogResponse)
     async def log(job_id: int, request: Request, offset: int = 0, tail: int | None = None,

@@ -16,6 +16,8 @@ from ...agent.podman.setup import SAVED_PREFIX
 from ...agent.podman.tenant import PODMAN, PodmanSetupError
 from ...jobfile import JobFileError, read_job_file
 from ...model.job import Job, JobSpec, JobState
+from ...model.usage import UsageError, parse_day
+from ...model.usage_report import usage_report
 from ...sched import check_satisfiable
 from ...state import commands as C
 from ...state.store import ReplicationError, commit
@@ -343,6 +345,23 @@ class MemberService:
             raise ServiceError(503, f"the cluster could not record this change: {e}") from None
         self.wake()
         return {**report.to_json(), "text": report.render(), "problems": problems}
+
+    def usage(self, caller: Caller, since: str | None, until: str | None, by: str, mine: bool) -> dict:
+        """Finished jobs' usage (docs/ACCOUNTING.md): every tenant's for an admin, else
+        (`mine`) only the caller's own."""
+        if mine:
+            self._authorized(caller)
+        elif not caller.is_admin:
+            raise ServiceError(403, "every tenant's usage needs root or the admin group; tenants see their own "
+                                    "with `mt-job usage`")
+        try:
+            since = parse_day(since, "since") if since else None
+            until = parse_day(until, "until") if until else None
+            with self.store.lock:
+                records, rows = self.store.machine.usage_copy()
+            return usage_report(records, rows, since, until, by, tenant=(caller.name, caller.uid) if mine else None)
+        except UsageError as e:
+            raise ServiceError(422, f"refused: {e}", refused=True) from None
 
     def remove_node(self, caller: Caller, name: str) -> dict:
         if not caller.is_admin:

@@ -2,7 +2,8 @@
 its own schedule (hourly), and an admin can run one, or a dry run, at any time.
 
 Jobs: finished jobs whose end is older than the retention are forgotten (their
-records leave the state; every member's agent then deletes their log files).
+records leave the state, their usage stays in its per-day summary, docs/ACCOUNTING.md;
+every member's agent then deletes their log files).
 Tenants: invited tenants with nothing queued or running and no login, no request
 and no job for the retention period are removed; every member's agent then
 removes their account and home. Local tenants (OS users of a standalone node) only
