@@ -26,6 +26,7 @@ from ..tui.rows import (JOB_COLUMNS, SERVER_COLUMNS, WORKSPACE_COLUMNS, ClusterS
 from ..tui.source import Cluster, fetch_all, group_by_cluster
 from .common import fail, give_link, out, print_json, print_jobs_table, print_warnings, request
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, print_log
+from .usage import checked, print_report, since_option, until_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
 
@@ -246,6 +247,16 @@ def cancel(job_id: int, server: Optional[str] = typer.Option(None, "--server")) 
     """Cancel one of your jobs."""
     request(_connect(server), lambda c: c.cancel(job_id))
     out.print(f"cancelled {job_id}")
+
+
+@app.command()
+def usage(since: Optional[str] = since_option(), until: Optional[str] = until_option(),
+          by: str = typer.Option("model", "--by", help="group by model (GPU model), day or node"),
+          server: Optional[str] = typer.Option(None, "--server"), json_out: bool = typer.Option(False, "--json")) -> None:
+    """Your finished jobs' usage on a cluster, as `mt-job usage` gives it on a node."""
+    checked(since, until, by, ("model", "day", "node"))
+    report = request(_connect(server), lambda c: c.usage(since, until, by))
+    print_report(report, json_out, "usage of your finished jobs")
 
 
 @app.command(help=LOGS_HELP)

@@ -107,6 +107,10 @@ def test_the_app_follows_live_load_and_jobs_and_cancels_one(tnode, laptop):
             assert r.returncode == 0, r.stderr
             [mine] = [j for j in json.loads(r.stdout) if j["id"] == jid]
             assert mine["cluster"] == "lab-tui" and mine["state"] == "cancelled", mine
+            # ... and its usage, from the laptop: the cancelled job held its GPU while it ran
+            r = remotegpu(laptop.home, "usage", "--json")
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["totals"]["jobs"] >= 1 and json.loads(r.stdout)["totals"]["gpu_s"] > 0
             assert app.is_running
     asyncio.run(go())
 
