@@ -2,11 +2,14 @@
 # Install mtgpu with its test tools, then run the whole test suite (as root: the
 # tests create Linux users, cgroups and real server processes, and remove them).
 #
-# With no arguments the unit tests (CPU-bound, about 30 s) run in a second pytest, and
-# the VS Code extension's checks (clients/vscode/ci.sh: npm ci, type-check, node --test
-# against a real node, vsce package; about 45 s) beside the integration tests, which
-# mostly wait on real processes; their output follows the integration tests'. With
-# arguments: one pytest with them.
+# With no arguments the integration tests, which mostly wait on real processes, run in two
+# pytest processes side by side: the cluster ones (Raft, partitions, clock jumps, DirectLink
+# through NAT labs: CLUSTER_TESTS below) and all the others. Every test keeps to its own uid
+# range, ports, namespaces, chains and STATE_DIR-keyed names, so the two never meet. Beside
+# them, at a lower CPU priority (they are CPU-bound and wait for nothing), the unit tests
+# and the VS Code extension's checks (clients/vscode/ci.sh: npm ci, type-check, node --test
+# against a real node, vsce package). Each part's output is printed whole, one after the
+# other. With arguments: one pytest with them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
@@ -26,18 +29,35 @@ if [ $# -gt 0 ]; then
   exit $rc
 fi
 
+CLUSTER_TESTS=(test_cluster test_partitions test_clock_jump test_raft_roles test_startup_faults
+               test_directlink_cluster test_directlink_nat test_directlink_admin test_directlink_member
+               test_queue_order test_fuzz)
+cluster_files=()
+other_files=()
+for f in tests/integration/test_*.py; do
+  name=$(basename "$f" .py)
+  if [[ " ${CLUSTER_TESTS[*]} " == *" $name "* ]]; then cluster_files+=("$f"); else other_files+=("$f"); fi
+done
+
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-"${PYTEST[@]}" tests/unit > "$out/unit.log" 2>&1 &
+nice -n 10 "${PYTEST[@]}" tests/unit > "$out/unit.log" 2>&1 &
 unit_pid=$!
-MTGPU_VENV="$VENV" bash clients/vscode/ci.sh > "$out/vscode.log" 2>&1 &
+MTGPU_VENV="$VENV" nice -n 10 bash clients/vscode/ci.sh > "$out/vscode.log" 2>&1 &
 vscode_pid=$!
-"${PYTEST[@]}" --durations=25 tests/integration
-integration_rc=$?
+"${PYTEST[@]}" --durations=15 "${cluster_files[@]}" > "$out/cluster.log" 2>&1 &
+cluster_pid=$!
+"${PYTEST[@]}" --durations=20 "${other_files[@]}"
+other_rc=$?
+wait "$cluster_pid"
+cluster_rc=$?
 wait "$vscode_pid"
 vscode_rc=$?
 wait "$unit_pid"
 unit_rc=$?
+echo
+echo "---- the cluster integration tests (${CLUSTER_TESTS[*]}), run beside the others ----"
+cat "$out/cluster.log"
 echo
 echo "---- the VS Code extension (clients/vscode/ci.sh, run beside the integration tests) ----"
 cat "$out/vscode.log"
@@ -45,9 +65,10 @@ echo
 echo "---- unit tests (run beside the integration tests) ----"
 cat "$out/unit.log"
 set -e
-if [ $integration_rc -eq 5 ] || [ $unit_rc -eq 5 ]; then
+if [ $other_rc -eq 5 ] || [ $cluster_rc -eq 5 ] || [ $unit_rc -eq 5 ]; then
   no_tests
 fi
-[ $integration_rc -eq 0 ] && [ $unit_rc -eq 0 ] && [ $vscode_rc -eq 0 ] && exit 0
-echo "failed: integration tests exit $integration_rc, unit tests exit $unit_rc, VS Code extension exit $vscode_rc" >&2
+[ $other_rc -eq 0 ] && [ $cluster_rc -eq 0 ] && [ $unit_rc -eq 0 ] && [ $vscode_rc -eq 0 ] && exit 0
+echo "failed: integration tests exit $other_rc, cluster integration tests exit $cluster_rc, unit tests exit $unit_rc," \
+     "VS Code extension exit $vscode_rc" >&2
 exit 1
