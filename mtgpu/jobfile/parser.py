@@ -161,6 +161,16 @@ def _parse_server(value: str) -> str:
     return text
 
 
+def _parse_exclude(value: str) -> tuple[str, ...]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if not _NAME_RE.match(n)]
+    if not names or bad:
+        raise _Invalid("name nodes, separated by ',': letters, digits, '.', '_' and '-', e.g. exclude=gpu-1,gpu-2")
+    if len(names) > MAX_NODES:
+        raise _Invalid(f"at most {MAX_NODES} nodes")
+    return tuple(sorted(set(names)))
+
+
 def _parse_container(value: str) -> str:
     text = value.strip()
     if not _IMAGE_RE.match(text):
@@ -298,6 +308,7 @@ _TABLE: dict[str, _Directive] = {
     "mem": _Directive("host memory, e.g. 32G", _parse_mem, "mem_bytes"),
     "gpu-mode": _Directive("exclusive (default), shared or oversubscribe", _parse_gpu_mode, "gpu_mode"),
     "server": _Directive("run only on this node", _parse_server, "server"),
+    "exclude": _Directive("never run on these nodes, e.g. exclude=gpu-1,gpu-2", _parse_exclude, "exclude"),
     "container": _Directive("run in this image (rootless Podman), e.g. localhost/pytorch:2.6", _parse_container, "container"),
     "nodes": _Directive("run the same command on N nodes at once, all or nothing", _parse_nodes, "nodes"),
     "array": _Directive("one job per index: 0-9, 1,3,5, 0-10:2, 0-99%10 (at most 10 at once)", _parse_array, "array"),

@@ -15,11 +15,11 @@ comment). A repeated option: the last one wins, as in sbatch.
 
 What each option becomes (docs/SLURM.md has the table):
 - mapped: resources (per node, as our `gpus=`/`cpus=`/`mem=` are), name, time, nodes,
-  array, output/error, chdir, one node of --nodelist, requeue;
+  array, output/error, chdir, one node of --nodelist, --exclude, --dependency, requeue;
 - accepted with one warning each: options that have no meaning here (partition, qos,
   account, mail, exclusive, constraint, ...): the job runs the same without them;
 - refused, naming the option: options whose loss would change what the job does or gets
-  (--dependency, --exclude, several nodes in --nodelist, more than one task per node in
+  (several nodes in --nodelist, more than one task per node in
   a script that starts tasks with srun/mpirun, ...), and options we do not know.
 
 A script with `#SBATCH` lines writes its output to `slurm-%j.out` (an array's task to
@@ -368,6 +368,8 @@ def _hostnames(s: _Seen) -> list[str]:
     value = (s.value or "").strip()
     if "/" in value:
         raise s.error("a file of node names is not available; name the one node the job must run on")
+    if value.count("[") != value.count("]"):
+        raise s.error("write node names, e.g. --nodelist=gpu-node-3 or gpu[1-3]")
     names: list[str] = []
     for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", value):
         m = re.fullmatch(r"([^\[\]]*)\[([0-9,\-]+)\]([^\[\]]*)", part)
@@ -507,6 +509,9 @@ def _translate(got: dict[str, _Seen], req: SbatchRequest, launcher: tuple[int, s
             raise s.error(f"--nodes={nodes} cannot all run on the one node {names[0]}; drop --nodelist or ask "
                           "for one node")
         put("server", names[0], s)
+    if "exclude" in got:
+        s = got["exclude"]
+        put("exclude", ",".join(sorted(set(_hostnames(s)))), s)
 
 
 def _check_simple(got: dict[str, _Seen], req: SbatchRequest) -> None:

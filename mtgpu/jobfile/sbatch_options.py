@@ -47,6 +47,7 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("workdir", key="chdir"),  # sbatch's old name for --chdir
     Opt("nodelist", short="w"),
     Opt("dependency", short="d"),
+    Opt("exclude", short="x"),
     Opt("requeue", arg=NONE, key="requeue"),
     Opt("no-requeue", arg=NONE, key="requeue"),
     Opt("open-mode"),
@@ -118,9 +119,6 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("ignore-pbs", arg=NONE, warn="#PBS lines are never read"),
     Opt("requeue-exit", warn=_NO_EFFECT),
     # ---- refused: without them the job would do or get something else
-    Opt("exclude", short="x",
-         refuse="excluding nodes is not available; name the one node the job must run on with --nodelist "
-                "(#MTGPU server=), or leave the choice to the scheduler"),
     Opt("hold", short="H", arg=NONE, refuse="holding a job is not available; submit it when it should run"),
     Opt("deadline", refuse="deadlines are not available; use --time to bound how long the job runs"),
     Opt("test-only", arg=NONE, refuse="a test-only submission is not available"),

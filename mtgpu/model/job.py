@@ -111,6 +111,7 @@ class JobSpec:
     mem_bytes: int | None = None
     gpu_mode: GpuMode = GpuMode.EXCLUSIVE
     server: str | None = None
+    exclude: tuple[str, ...] = ()  # nodes it must not run on (sbatch --exclude)
     container: str | None = None
     nodes: int = 1
     array: ArraySpec | None = None
@@ -148,6 +149,7 @@ class JobSpec:
         d["array"] = ArraySpec(tuple(arr["indices"]), arr.get("max_running")) if arr else None
         ws = d.get("workspace")
         d["workspace"] = WorkspaceSpec.from_dict(ws) if ws else None
+        d["exclude"] = tuple(d.get("exclude", ()))
         d["after"] = tuple((str(kind), tuple(int(i) for i in ids)) for kind, ids in d.get("after", ()))
         return cls(**d)
 

@@ -228,9 +228,9 @@ class Scheduler:
         return m
 
     def pinned(self, spec: JobSpec) -> np.ndarray | None:
-        """Per node: may `spec` go there at all (`server=`, and a container job only where
-        its image can run); None when every node may."""
-        if spec.server is None and spec.container is None:
+        """Per node: may `spec` go there at all (`server=`, not an `exclude=` one, and a
+        container job only where its image can run); None when every node may."""
+        if spec.server is None and spec.container is None and not spec.exclude:
             return None
         m = self._pin_cache.get(spec)
         if m is None:
@@ -240,6 +240,10 @@ class Scheduler:
                 row = self.fleet.row_of.get(spec.server)
                 if row is not None:
                     m[row] = True
+            for name in spec.exclude:
+                row = self.fleet.row_of.get(name)
+                if row is not None:
+                    m[row] = False
             if spec.container is not None:
                 offered = offered_images(self.snapshot)
                 for node in self.snapshot.nodes:
@@ -532,7 +536,8 @@ class Scheduler:
                 reserved += 1
                 holds.reserve(job.job_id, res, self.requests(spec))
             else:
-                holds.hold_unknown(job.job_id, self.requests(spec), (spec.server, spec.container), self.able(spec))
+                holds.hold_unknown(job.job_id, self.requests(spec), (spec.server, spec.container, spec.exclude),
+                                   self.able(spec))
         reasons: dict[JobSpec, str] = {}
         for jid, spec in waiting.items():
             r = reasons.get(spec)

@@ -49,6 +49,10 @@ def check_satisfiable(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
             return f"nodes={spec.nodes} cannot run on the single node server={spec.server}"
     if not nodes:
         return "the cluster has no nodes"
+    if spec.exclude:
+        nodes = [n for n in nodes if n.name not in spec.exclude]
+        if not nodes:
+            return f"exclude={','.join(spec.exclude)} leaves no node of the cluster"
     per_node: list[tuple[str, str]] = []
     if spec.container is not None:
         refusal = cluster_refusal(spec.container, snapshot)

@@ -148,9 +148,10 @@ def test_an_output_file_that_cannot_be_opened_fails_the_job_naming_it(node, alic
 def test_options_that_would_change_the_result_are_refused_at_submit(node, alice, project):
     with node.client() as c:
         before = len(c.jobs(all_tenants=True))
-    r = submit(node, alice, project, "#!/bin/bash\n#SBATCH --gres=gpu:1\n#SBATCH --exclude=node-b\nhostname\n")
-    assert r.returncode == 2
-    assert re.search(r"line 3: --exclude=\"node-b\": excluding nodes is not available", r.stderr), r.stderr
+    r = submit(node, alice, project, "#!/bin/bash\n#SBATCH --gres=gpu:1\n#SBATCH --exclude=node-a\nhostname\n")
+    assert r.returncode == 2 and "exclude=node-a leaves no node of the cluster" in r.stderr, r.stderr
+    r = submit(node, alice, project, "#!/bin/bash\n#SBATCH --gres=gpu:1\n#SBATCH --hold\nhostname\n")
+    assert r.returncode == 2 and re.search(r"line 3: --hold: holding a job is not available", r.stderr), r.stderr
     r = submit(node, alice, project, "#!/bin/bash\n#SBATCH --gres=gpu:h200:1\nhostname\n")
     assert r.returncode == 2 and "h200" in r.stderr  # a model no node has: refused, as gpus=h200:1 is
     with node.client() as c:

@@ -218,7 +218,7 @@ def test_nodelist_with_one_node_pins_it_and_with_several_is_refused():
     ("--dependency=singleton", "--dependency", "'singleton' is not a dependency kind we have"),
     ("-d afterok:3?afterany:4", "--dependency", "either-or dependencies ('?') are not available"),
     ("--dependency=after:3", "--dependency", "use afterok, afternotok, afterany"),
-    ("--exclude=n1", "--exclude", "excluding nodes is not available"),
+    ("--exclude=gpu[1-2", "--exclude", "write node names"),
     ("--hold", "--hold", "holding"),
     ("--begin=now+1hour", "--begin", "later start"),
     ("--open-mode=append", "--open-mode", "appending"),
@@ -349,7 +349,7 @@ def test_command_line_sbatch_options_win_over_the_file():
     text = "#!/bin/bash\n#MTGPU cpus=2\nrun\n"
     assert read_job_file(text, {SBATCH_OVERRIDE: '["-c", "6"]'}).spec.cpus == 6  # the command line wins
     assert read_job_file(text, {SBATCH_OVERRIDE: '["-c", "6"]', "cpus": "3"}).spec.cpus == 3
-    e = refusal(overrides={SBATCH_OVERRIDE: '["--exclude=n1"]'})
+    e = refusal(overrides={SBATCH_OVERRIDE: '["--exclude=/etc/nodes"]'})
     assert e.line is None and str(e).startswith("command line: --exclude")
     assert refusal(overrides={SBATCH_OVERRIDE: "-c 4"}).directive == SBATCH_OVERRIDE
 
@@ -535,3 +535,8 @@ def test_an_mtgpu_jobs_environment_has_no_slurm_variables_and_no_srun():
     job = make_job(spec_extra={"slurm": False})
     env = job_env(job, 0, "node-a", "alice", "/home/alice", {"nvidia"})
     assert not [k for k in env if k.startswith("SLURM")] and SLURM_BIN_DIR not in env["PATH"]
+
+
+def test_exclude_becomes_exclude_with_host_ranges_expanded():
+    assert sbatch("--exclude=gpu[1-2],cpu-a").spec.exclude == ("cpu-a", "gpu1", "gpu2")
+    assert read_job_file("#!/bin/bash\n#MTGPU exclude=b,a\ntrue\n").spec.exclude == ("a", "b")

@@ -188,3 +188,17 @@ def test_schedule_is_deterministic_and_leaves_inputs_alone():
     p1, p2 = schedule(snap, queue, now=100.0), schedule(snap, queue, now=100.0)
     assert p1 == p2
     assert repr(snap) == before
+
+
+def test_exclude_keeps_a_job_off_those_nodes_and_all_of_them_is_refused():
+    from dataclasses import replace
+    from mtgpu.sched import schedule
+    snap = cluster(make_node("a", gpus=1), make_node("b", gpus=1))
+    job = make_job(1, "1")
+    job = replace(job, spec=replace(job.spec, exclude=("a",)))
+    plan = schedule(snap, [job], 0.0)
+    assert [a.node for p in plan.placements for a in p.allocations] == ["b"]
+    every = replace(job.spec, exclude=("a", "b"))
+    assert check_satisfiable(every, snap) == "exclude=a,b leaves no node of the cluster"
+    two = replace(make_spec("1", nodes=2), exclude=("b",))
+    assert check_satisfiable(two, snap) is not None  # a gang of 2 with one node left
