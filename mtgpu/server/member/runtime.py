@@ -120,7 +120,7 @@ class Member:
         line (it can keep neither its jobs' lease nor its run records; the others take its
         jobs over), a standalone node says so in one line and goes on (its journal refuses
         what it cannot make durable)."""
-        where = str(e.filename or "")
+        where = _filename_of(e)
         if e.errno not in FULL_DISK_ERRNOS or not where or not Path(where).is_relative_to(self.state_dir):
             log.exception("pass failed")
             return
@@ -195,3 +195,14 @@ class Member:
             return True
         # else the next second tries again
         return try_commit(self.store, C.NODE_REGISTER, name=self.node_name, at=self.clock(), **wanted) is not None
+
+
+def _filename_of(e: BaseException | None) -> str:
+    """The file a failed write named: its own, or that of the error it happened in the
+    handling of (a write that fails on a full disk often fails again as its file is
+    closed, and that second error names no file)."""
+    while e is not None:
+        if isinstance(e, OSError) and e.filename:
+            return str(e.filename)
+        e = e.__cause__ or e.__context__
+    return ""
