@@ -227,7 +227,9 @@ def test_a_server_restart_keeps_a_running_workspace(wnode, alice):
 
 
 def test_idle_culling_stops_an_idle_workspace_and_spares_a_busy_one(image, alice):
-    busy = "while :; do i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done; sleep 0.1; done"  # CPU, nobody attached
+    # CPU, nobody attached: mostly busy, so that even on a loaded machine it keeps well above
+    # the 5% of a core that counts as active (3,000 rounds a pause was about that, and was culled)
+    busy = "while :; do i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 0.05; done"
     templates = {"idle": image, "busy": {"image": image, "command": busy}}
     with running_node([], CONTAINERS={"enabled": True, "templates": templates, "idle_timeout": "10s"}) as node:
         wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
