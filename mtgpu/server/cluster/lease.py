@@ -23,6 +23,7 @@ forward, and a restart leaves it alone: re-attached jobs keep the lease they had
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,9 @@ class Lease:
     def __init__(self, path: Path, timeout_s: float) -> None:
         self.path = Path(path)
         self.timeout_s = timeout_s
+        # The scheduler's member renews from two threads (its loop and its report loop):
+        # one write at a time, or one's rename finds the other's temporary file gone.
+        self._lock = threading.Lock()
         self._at = self._read()
         if self._at is None or self._at > time.monotonic():
             # none yet, or written before a reboot (the monotonic clock started again): lapsed
@@ -59,8 +63,9 @@ class Lease:
 
     def renew(self, at: float) -> None:
         """Move the lease moment forward to `at` (monotonic seconds); never backward."""
-        if self._at is None or at > self._at:
-            self._write(at)
+        with self._lock:
+            if self._at is None or at > self._at:
+                self._write(at)
 
     @property
     def at(self) -> float | None:
