@@ -444,7 +444,7 @@ class ClusterLink:
         tel = NodeTelemetry(gpus=[GpuInfo.from_dict(g) for g in payload.get("gpus", [])],
                             host=HostInfo.from_dict(payload["host"]) if payload.get("host") else None,
                             reported_at=self.member.clock(), heard_mono=time.monotonic())
-        self.member.scheduler.report(payload["node"], tel)
+        news = self.member.scheduler.report(payload["node"], tel)
         if not self.store.is_leader():
             # A member that still takes us for the scheduler must not count itself in touch.
             raise ReplicationError("this member does not schedule (any more); ask the cluster who does")
@@ -452,7 +452,8 @@ class ClusterLink:
         if age > MAJORITY_STALE_S:
             raise ReplicationError(f"this scheduler has not heard a majority of the voters for {age:.1f}s")
         self.keeper.on_report(payload["node"], payload.get("raft"))
-        self.member.wake()
+        if news:
+            self.member.wake()
         return {"ok": True, "voters": self.store.voters(), "term": self.store.term(),
                 "commit": self.store.commit_index(), "majority_age_s": age}
 

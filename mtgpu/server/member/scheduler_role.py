@@ -25,6 +25,8 @@ from .view import NodeTelemetry, build_queue, build_snapshot, build_usage, hold_
 
 log = logging.getLogger(__name__)
 
+NEWS_AFTER_S = 2.0  # a report after this long a silence (members report once a second) is news
+
 
 @dataclass
 class SchedulerRole:
@@ -45,8 +47,14 @@ class SchedulerRole:
     timings: SchedulerTimings = field(default_factory=SchedulerTimings)  # /metrics reads it (server/metrics.py)
     _usage_at: float = -1e18
 
-    def report(self, node: str, telemetry: NodeTelemetry) -> None:
+    def report(self, node: str, telemetry: NodeTelemetry) -> bool:
+        """Keep a member's report; True when a pass should see it at once: the member's
+        first report to this scheduler, or its first after a silence. Any other report
+        is read by the next pass, at most a tick later (runtime.TICK_S): a pass woken by
+        each report would run back to back once a thousand members report each second."""
+        before = self.telemetry.get(node)
         self.telemetry[node] = telemetry
+        return before is None or telemetry.heard_mono - before.heard_mono > NEWS_AFTER_S
 
     def step_down(self) -> None:
         self.epoch = None
