@@ -24,7 +24,8 @@ NODE_DRAIN = "node.drain.v1"
 NODE_RESUME = "node.resume.v1"
 NODE_DOWN = "node.down.v1"
 NODE_UP = "node.up.v1"
-NODE_REMOVE = "node.remove.v1"
+NODE_REMOVE = "node.remove.v1"  # journals before the removed members' list: no tombstone
+NODE_REMOVE_V2 = "node.remove.v2"  # and the member is kept out until it restarts (node.register rejoin=)
 SCHED_ELECT = "scheduler.elect.v1"
 JOB_SUBMIT = "job.submit.v1"
 JOB_SUBMIT_BATCH = "job.submit-batch.v1"
@@ -53,6 +54,7 @@ ALL_COMMANDS = (
     NODE_DOWN,
     NODE_UP,
     NODE_REMOVE,
+    NODE_REMOVE_V2,
     SCHED_ELECT,
     JOB_SUBMIT,
     JOB_SUBMIT_BATCH,

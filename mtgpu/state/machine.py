@@ -125,6 +125,9 @@ class StateMachine(TenantCommands):
         self.invites: dict[str, Invite] = {}
         self.retired_ids: set[int] = set()
         self.nodes: dict[str, NodeRecord] = {}
+        # members an admin removed, and when: their own periodic registrations are refused
+        # (a removed member that still runs must not walk back in); a restart rejoins
+        self.removed: dict[str, float] = {}
         self.jobs: dict[int, Job] = {}
         self.next_job_id = 1
         self.sched_epoch = 0  # raised by each new scheduler; placements carry it
@@ -149,6 +152,7 @@ class StateMachine(TenantCommands):
             C.NODE_DOWN: self._node_down,
             C.NODE_UP: self._node_up,
             C.NODE_REMOVE: self._node_remove,
+            C.NODE_REMOVE_V2: lambda name, at=0.0: self._node_remove(name, at, keep_out=True),
             C.SCHED_ELECT: self._sched_elect,
             C.JOB_SUBMIT: self._job_submit,
             C.JOB_SUBMIT_BATCH: self._job_submit_batch,
@@ -208,7 +212,10 @@ class StateMachine(TenantCommands):
     # ---------------------------------------------------------------- tenants and nodes
     def _node_register(self, name: str, gpus: list, cpus: float, mem_total_bytes: int,
                        at: float, address: str = "", containers: dict | None = None,
-                       directlink: dict | None = None) -> dict:
+                       directlink: dict | None = None, rejoin: bool = False) -> dict:
+        if name in self.removed and not rejoin:
+            raise CommandRejected(f"member {name} was removed by an admin; it joins again when it is restarted")
+        self.removed.pop(name, None)
         old = self.nodes.get(name)
         if containers is not None:
             containers = {"images": [str(i) for i in containers.get("images", [])],
@@ -245,13 +252,15 @@ class StateMachine(TenantCommands):
         node.down, node.down_reason = False, ""
         return {}
 
-    def _node_remove(self, name: str, at: float = 0.0) -> dict:
+    def _node_remove(self, name: str, at: float = 0.0, keep_out: bool = False) -> dict:
         self._node(name)
         busy = [j.id for j in self.running_jobs() if any(a.node == name for a in j.allocations)]
         if busy:
             raise CommandRejected(f"node {name!r} still runs jobs {busy}; drain it and let them finish first")
         del self.nodes[name]
         self._commitments.pop(name, None)
+        if keep_out:
+            self.removed[name] = at
         return {}
 
     def _sched_elect(self, node: str, epoch: int, at: float = 0.0) -> dict:
@@ -606,6 +615,7 @@ class StateMachine(TenantCommands):
             "invites": {h: i.to_dict() for h, i in self.invites.items()},
             "retired_ids": sorted(self.retired_ids),
             "nodes": [n.to_dict() for n in self.nodes.values()],
+            "removed": dict(self.removed),
             "jobs": [j.to_dict() for j in self.jobs.values()],
             "usage": self.usage.to_dict(),
         }
@@ -623,6 +633,7 @@ class StateMachine(TenantCommands):
         sm.retired_ids = set(d.get("retired_ids", []))
         for n in d["nodes"]:
             sm.nodes[n["name"]] = NodeRecord.from_dict(n)
+        sm.removed = {str(k): float(v) for k, v in d.get("removed", {}).items()}
         for jd in d["jobs"]:
             job = Job.from_dict(jd)
             sm.jobs[job.id] = job

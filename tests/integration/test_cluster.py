@@ -382,6 +382,8 @@ def test_an_array_spreads_over_members_with_at_most_k_running_and_a_member_can_b
         r = m0.admin("nodes", "remove", victim)
         assert r.returncode == 0, r.stderr
         assert victim not in {n["name"] for n in nodes_json(m0)}
+        time.sleep(2.5)  # it still runs, and registers every second: it must stay out
+        assert victim not in {n["name"] for n in nodes_json(m0)}
 
 
 def _account_db(root: Path) -> Path:

@@ -345,3 +345,19 @@ def test_a_report_whose_reason_is_not_text_is_refused_not_raised():
         r = sm.apply(C.command(name, job_id=jid, at=4.0, reason=42, **extra))
         assert not r["ok"] and "reason must be text" in r["error"]
     assert sm.jobs[jid].state is JobState.RUNNING
+
+
+def test_a_removed_member_is_kept_out_until_it_rejoins_on_restart():
+    sm = setup_machine()
+    args = dict(cpus=8, mem_total_bytes=64 * GiB, gpus=[])
+    assert sm.apply(C.command(C.NODE_REMOVE_V2, name="n1", at=5.0))["ok"]
+    refused = sm.apply(C.command(C.NODE_REGISTER, name="n1", at=6.0, **args))  # its next periodic registration
+    assert not refused["ok"] and "removed by an admin" in refused["error"] and "n1" not in sm.nodes
+    restored = StateMachine.from_dict(sm.to_dict())
+    assert restored.removed == {"n1": 5.0}
+    assert restored.apply(C.command(C.NODE_REGISTER, name="n1", at=7.0, rejoin=True, **args))["ok"]
+    assert "n1" in restored.nodes and not restored.removed
+    # journals from before the list: a v1 removal keeps nobody out
+    sm = setup_machine()
+    assert sm.apply(C.command(C.NODE_REMOVE, name="n1", at=5.0))["ok"]
+    assert sm.apply(C.command(C.NODE_REGISTER, name="n1", at=6.0, **args))["ok"]

@@ -293,7 +293,7 @@ class ClusterLink:
         raft = raft_address(rec.address)
         if raft in self.store.voters():
             self.keeper.remove_now(raft)
-        r = commit(self.store, C.NODE_REMOVE, name=name, at=self.member.clock())
+        r = commit(self.store, C.NODE_REMOVE_V2, name=name, at=self.member.clock())
         if not r["ok"]:
             raise ClusterSetupError(r["error"])
         self.member.scheduler.telemetry.pop(name, None)

@@ -41,6 +41,7 @@ class Member:
         self.config = config
         self.node_name = config.NODE_NAME
         self.state_dir = Path(config.STATE_DIR)
+        self._registered = False  # this process registered this member (see _register)
         self.agent = agent
         self.store = store
         self.link: Link = link if link is not None else StandaloneLink(self.node_name)
@@ -192,9 +193,21 @@ class Member:
                   "directlink": self._directlink_record()}
         rec = self.store.machine.nodes.get(self.node_name)
         if rec is not None and all(rec.to_dict()[k] == v for k, v in wanted.items()):
+            self._registered = True
             return True
-        # else the next second tries again
-        return try_commit(self.store, C.NODE_REGISTER, name=self.node_name, at=self.clock(), **wanted) is not None
+        if self._registered and self.node_name in self.store.machine.removed:
+            return True  # an admin removed this running member: it stays out until it is restarted
+        # The first registration since this process started rejoins a member an admin removed.
+        r = try_commit(self.store, C.NODE_REGISTER, name=self.node_name, at=self.clock(),
+                       rejoin=not self._registered, **wanted)
+        if r is None:
+            return False  # the next second tries again
+        if r["ok"]:
+            self._registered = True
+        elif self.node_name in self.store.machine.removed:
+            log.warning("%s was removed from the cluster by an admin: it stays out until it is restarted",
+                        self.node_name)
+        return True
 
 
 def _filename_of(e: BaseException | None) -> str:
