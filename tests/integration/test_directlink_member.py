@@ -134,11 +134,16 @@ def test_forward_from_behind_another_nat_brings_a_workspace_port_through_the_rel
                 r = subprocess.run(lab.prefix("b") + [sys.executable, "-c", FETCH, f"http://127.0.0.1:{local}/"],
                                    capture_output=True, text=True, timeout=30)
                 return r.returncode == 0 and r.stdout.strip()
-            assert wait_for("the forwarded page in site B", page, timeout_s=90, interval_s=0.5) == \
-                "inside-the-workspace"
-        finally:
+            got = wait_for("the forwarded page in site B", page, timeout_s=90, interval_s=0.5)
+        except AssertionError as e:
             os.killpg(fwd.pid, signal.SIGTERM)
-            _, err = fwd.communicate(timeout=30)
+            raise AssertionError(f"{e}; the forward said: {fwd.communicate(timeout=30)[1][-2000:]}; the member's "
+                                 f"log: {site.node.server_log()[-3000:]}") from None
+        finally:
+            if fwd.returncode is None:
+                os.killpg(fwd.pid, signal.SIGTERM)
+        _, err = fwd.communicate(timeout=30)
+        assert got == "inside-the-workspace"
         assert "through DirectLink to gpu-a" in err and "forwarding http://localhost:" in err, err
 
 

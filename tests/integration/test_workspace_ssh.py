@@ -124,14 +124,26 @@ def _page(url: str) -> str:
         return r.read().decode()
 
 
+def _input_line(screen: str) -> str | None:
+    """The text in the app's input box, when it is open."""
+    for line in screen.splitlines():
+        if line.startswith("▊") and line.rstrip().endswith("▎") and "▔" not in line and "▁" not in line:
+            return line.strip("▊▎ ")
+    return None
+
+
 def _filter_to(app, name: str) -> None:
-    """`/NAME` Enter: only that workspace's row is left in the view."""
+    """`/NAME` Enter: only that workspace's row is left in the view. Each keystroke waits
+    for the box to show it: keys sent faster than the app takes them are not lost then."""
     app.keys("/")
-    app.wait("the filter line", lambda s: "▔▔▔" in s, timeout_s=10)  # the input box (it holds the filter)
+    app.wait("the filter line", lambda s: _input_line(s) is not None, timeout_s=10)
     app.keys("C-u")
+    app.wait("the filter line emptied", lambda s: _input_line(s) in ("", "filter: words every shown row contains"),
+             timeout_s=10)
     app.type(name)
+    app.wait(f"{name} in the filter line", lambda s: _input_line(s) == name, timeout_s=10)
     app.keys("Enter")
-    app.wait(f"the view filtered to {name}", lambda s: f"filter: {name}\n" in s and "▔▔▔" not in s
+    app.wait(f"the view filtered to {name}", lambda s: f"filter: {name}\n" in s and _input_line(s) is None
              and len([ln for ln in s.split("REASON", 1)[1].splitlines() if ln.startswith("lab-ws")]) == 1,
              timeout_s=10)
 
