@@ -57,8 +57,11 @@ class Lease:
 
     def _write(self, at: float) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(f"{at:.6f}\n")
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(f"{at:.6f}\n")
+            os.replace(tmp, self.path)
+        except OSError as e:  # a write's error names no file: say which (a full STATE_DIR stops the member)
+            raise OSError(e.errno, e.strerror, str(tmp)) from e
         self._at = at
 
     def renew(self, at: float) -> None:

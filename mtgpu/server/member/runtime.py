@@ -9,6 +9,7 @@ Raft leader with a quorum is; every member runs its agent.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -121,7 +122,8 @@ class Member:
         line (it can keep neither its jobs' lease nor its run records; the others take its
         jobs over), a standalone node says so in one line and goes on (its journal refuses
         what it cannot make durable)."""
-        where = _filename_of(e)
+        where = _filename_of(e) or (str(self.state_dir) if e.errno in FULL_DISK_ERRNOS and
+                                    _full(self.state_dir) else "")
         if e.errno not in FULL_DISK_ERRNOS or not where or not Path(where).is_relative_to(self.state_dir):
             log.exception("pass failed")
             return
@@ -219,3 +221,13 @@ def _filename_of(e: BaseException | None) -> str:
             return str(e.filename)
         e = e.__cause__ or e.__context__
     return ""
+
+
+def _full(directory: Path) -> bool:
+    """Whether the disk of `directory` has (next to) no room left: a failed write that names
+    no file was then most likely one into it."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)

@@ -60,3 +60,20 @@ def test_the_shim_takes_a_lease_in_the_future_for_lapsed_and_an_old_empty_file_b
 
 def test_the_lease_lapses_a_second_before_the_member_is_marked_down():
     assert lease_s(10.0) == 9.0 and lease_s(3.0) == 2.0
+
+
+def test_a_refused_lease_write_names_its_file(tmp_path, monkeypatch):
+    import errno
+    import pathlib
+
+    import pytest
+
+    from mtgpu.server.cluster.lease import Lease
+    lease = Lease(tmp_path / "lease", 10.0)
+
+    def full(self, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a write's error: no file named
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    with pytest.raises(OSError) as e:
+        lease.renew(1e9)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "lease.tmp")
