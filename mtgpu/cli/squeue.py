@@ -123,14 +123,7 @@ def field(job: dict, key: str, now: float) -> str:
 def render(job: dict, fmt: str, now: float) -> str:
     """One line: each %[.][width]X replaced, as squeue does (a width pads, and cuts a longer
     value; with `.` the value is right-aligned)."""
-    def one(m: re.Match) -> str:
-        left, _dot, width, key = m.groups()
-        text = field(job, key, now)
-        if width:
-            w = int(width)
-            text = text[:w].rjust(w) if _dot and not left else text[:w].ljust(w)
-        return text
-    return _FIELD.sub(one, fmt)
+    return _FIELD.sub(lambda m: _fit(field(job, m.group(4), now), m), fmt)
 
 
 def header(fmt: str) -> str:
@@ -139,11 +132,14 @@ def header(fmt: str) -> str:
              "R": "NODELIST(REASON)", "r": "REASON", "C": "CPUS", "m": "MIN_MEMORY", "K": "ARRAY_TASK_ID",
              "F": "ARRAY_JOB_ID", "%": "%"}
 
-    def one(m: re.Match) -> str:
-        left, dot, width, key = m.groups()
-        text = names[key]
-        if width:
-            w = int(width)
-            text = text[:w].rjust(w) if dot and not left else text[:w].ljust(w)
+    return _FIELD.sub(lambda m: _fit(names[m.group(4)], m), fmt)
+
+
+def _fit(text: str, m: re.Match) -> str:
+    """A field's text in the width its %[-][.][width] asks: padded, and cut when longer;
+    right-aligned with `.` (squeue's way), unless `-`."""
+    left, dot, width, _key = m.groups()
+    if not width:
         return text
-    return _FIELD.sub(one, fmt)
+    w = int(width)
+    return text[:w].rjust(w) if dot and not left else text[:w].ljust(w)
