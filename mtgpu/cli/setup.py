@@ -58,8 +58,9 @@ def _ensure_demo_user(home_root: Path) -> tuple[int, int, str]:
     try:
         pw = pwd.getpwnam(DEMO_USER)
     except KeyError:
-        home_root.mkdir(parents=True, exist_ok=True)
-        os.chmod(home_root, 0o755)
+        if not home_root.exists():  # the demo folder's homes: made here; /home is left as it is
+            home_root.mkdir(parents=True)
+            os.chmod(home_root, 0o755)
         subprocess.run(["useradd", "-m", "-d", str(home_root / DEMO_USER), "-s", "/bin/bash", DEMO_USER],
                        check=True, capture_output=True)
         pw = pwd.getpwnam(DEMO_USER)
