@@ -324,6 +324,14 @@ def _ssh_route(entry: dict, node: str, address: str | None) -> tuple[list[str], 
     return _ssh_base(entry, host, port), host
 
 
+def _exec_ssh(argv: list[str]) -> None:
+    """Become ssh with these arguments (the terminal, its exit status and signals are its)."""
+    try:
+        os.execvp("ssh", argv)
+    except OSError as e:
+        fail(f"could not run ssh: {e}", 1)
+
+
 @app.command()
 def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, help="run this instead of a terminal"),
           server: Optional[str] = typer.Option(None, "--server")) -> None:
@@ -337,10 +345,7 @@ def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, he
     argv = base + ["-o", f"SetEnv=MTGPU_WORKSPACE={ws['workspace']['name']}"]
     argv += ["-t"] if not command else []
     argv += [f"{entry['tenant']}@{host}", *(command or [])]
-    try:
-        os.execvp("ssh", argv)
-    except OSError as e:
-        fail(f"could not run ssh: {e}", 1)
+    _exec_ssh(argv)
 
 
 @app.command()
@@ -357,10 +362,7 @@ def ssh(node: Optional[str] = typer.Argument(None, help="the node (default: the 
         fail(f"no node {node!r} in this cluster; its nodes: {', '.join(n['name'] for n in nodes)}", 2)
     base, host = _ssh_route(entry, node, found[0]["address"])
     argv = base + (["-t"] if not command else []) + [f"{entry['tenant']}@{host}", *(command or [])]
-    try:
-        os.execvp("ssh", argv)
-    except OSError as e:
-        fail(f"could not run ssh: {e}", 1)
+    _exec_ssh(argv)
 
 
 @app.command()
@@ -391,10 +393,7 @@ def forward(
     url = (found[0]["url"] or "").replace(f"localhost:{found[0]['host_port']}", f"localhost:{local}")
     print(f"forwarding {url or f'http://localhost:{local}'} to workspace {workspace} port {port} (Ctrl-C ends it)",
           file=sys.stderr, flush=True)
-    try:
-        os.execvp("ssh", argv)
-    except OSError as e:
-        fail(f"could not run ssh: {e}", 1)
+    _exec_ssh(argv)
 
 
 # ------------------------------------------------------------ DirectLink
