@@ -21,6 +21,7 @@ from .runners.base import NEVER_STARTED, RUNNING, Launch, LocalRun, Runner
 from .podman.cdi import make_sim_nodes, remove_sim_nodes, spec_name
 from .podman.setup import ContainerSettings, ContainerSetup, open_containers
 from .podman.tenant import PodmanHost
+from .runners.cgroups import parent_for
 from .runners.native import NativeRunner
 from .telemetry import open_backend
 from .telemetry.base import GpuBackend
@@ -57,13 +58,14 @@ class LocalAgent:
     @classmethod
     def open(cls, state_dir: Path, gpu_backend: str, simulated_gpus: list[dict], node_name: str,
              containers: ContainerSettings | None = None) -> "LocalAgent":
-        """The agent of the member `node_name`. Its jobs' cgroups live under `mtgpu-NODE_NAME`:
-        two members on one machine (a test cluster) run ranks of one gang with the same
-        job id, and must never share (or kill) each other's job cgroups. With `containers`
+        """The agent of the member `node_name`. Its jobs' cgroups live under `mtgpu-NODE_NAME-KEY`
+        (cgroups.parent_for): two members on one machine (a test cluster, or two clusters
+        that both have an m1) run jobs with the same id, and must never share (or kill)
+        each other's job cgroups. With `containers`
         (enabled), container jobs run in rootless Podman (runners/podman.py)."""
         backend = open_backend(gpu_backend, simulated_gpus, Path(state_dir), node_name)
         if containers is None:
-            runner: Runner = NativeRunner(Path(state_dir) / "runs", cgroup_parent=f"mtgpu-{node_name}")
+            runner: Runner = NativeRunner(Path(state_dir) / "runs", cgroup_parent=parent_for(node_name, state_dir))
             agent = cls(state_dir, runner, backend)
         else:
             try:
@@ -265,6 +267,9 @@ class LocalAgent:
             self.containers.close()
         if self._sim_nodes is not None:
             remove_sim_nodes(self._sim_nodes)
+        cgroups = getattr(self.runner, "cgroups", None)
+        if cgroups is not None:
+            cgroups.release()
         self.backend.close()
 
 

@@ -337,7 +337,16 @@ def test_two_members_on_one_machine_never_share_or_kill_each_others_job_cgroups(
 def test_a_members_agent_puts_its_job_cgroups_under_its_own_name(tmp_path):
     agents = [LocalAgent.open(tmp_path / name, "simulated", [], name) for name in ("m0", "m1")]
     try:
-        assert [ag.runner.cgroups.parent for ag in agents] == ["mtgpu-m0", "mtgpu-m1"]
+        parents = [ag.runner.cgroups.parent for ag in agents]
+        assert parents[0].startswith("mtgpu-m0-") and parents[1].startswith("mtgpu-m1-"), parents
+        # another cluster's m0 on this machine (its own state directory) has its own parent
+        again = LocalAgent.open(tmp_path / "other" / "m0", "simulated", [], "m0")
+        try:
+            assert again.runner.cgroups.parent.startswith("mtgpu-m0-") and again.runner.cgroups.parent != parents[0]
+        finally:
+            again.close()
+        bases = list(again.runner.cgroups.bases.values())
+        assert bases and not any(b.exists() for b in bases), bases  # an empty parent goes at close
     finally:
         for ag in agents:
             ag.close()

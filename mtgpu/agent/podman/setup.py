@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..runners.cgroups import parent_for
 from ..runners.podman import ContainerRunner
 from ..telemetry.base import GpuBackend
 from .cdi import CdiSpec, remove_spec, spec_name, write_spec
@@ -98,7 +99,7 @@ def open_containers(state_dir: Path, node_name: str, settings: ContainerSettings
                 "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
     images = ImageStore(settings.images_dir or state_dir / "images", root_env, settings.registry_auth_file)
     images.setup()
-    runner = ContainerRunner(state_dir / "runs", cgroup_parent=f"mtgpu-{node_name}", node_name=node_name,
+    runner = ContainerRunner(state_dir / "runs", cgroup_parent=parent_for(node_name, state_dir), node_name=node_name,
                              podman=podman, images=images, cdi=cdi, read_only=list(settings.read_only),
                              cache_volume=settings.cache_volume, network=settings.network)
     setup = ContainerSetup(settings, podman, images, cdi, runner, node_name)

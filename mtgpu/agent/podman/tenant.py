@@ -21,7 +21,6 @@ would take the namespace other jobs' storage mounts live in.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pwd
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from ...accounts.apply import OsAccountsError, read_os_accounts
+from .. import state_key
 
 PODMAN = shutil.which("podman") or "/usr/bin/podman"
 RUNTIME_BASE = Path("/run/mtgpu-podman")
@@ -92,7 +92,7 @@ class PodmanHost:
 
     def __init__(self, state_dir: Path, runtime_base: Path = RUNTIME_BASE):
         self.root = Path(state_dir) / "podman"
-        self.key = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:10]
+        self.key = state_key(state_dir)
         self.runtime_root = Path(runtime_base) / self.key
         self._ready: set[int] = set()
 

@@ -22,12 +22,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtgpu.agent import procs
+from mtgpu.agent import procs, state_key
 from mtgpu.agent.runners import devbpf
 
 V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer", "cpuacct")  # cpuacct: usage (idle culling)
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 CPU_PERIOD_US = 100_000
+
+
+def parent_for(node_name: str, state_dir: str | Path) -> str:
+    """A member's own group parent, `mtgpu-NODE-KEY` (KEY from its state directory): two
+    members on one machine, even of two clusters that both name a node m1 and both have a
+    job 1 (test clusters side by side), never share, empty or kill each other's groups."""
+    return f"mtgpu-{node_name}-{state_key(state_dir)}"
 
 
 @dataclass
@@ -363,6 +370,15 @@ class CgroupManager:
             return True
         except OSError:
             return False
+
+    def release(self) -> None:
+        """When the member stops: its parent groups go if no job group is left in them
+        (a job that runs on through a restart keeps them; rmdir refuses a non-empty group)."""
+        for base in self.bases.values():
+            try:
+                base.rmdir()
+            except OSError:
+                pass
 
     def remove(self, job_id: int) -> None:
         """Delete the job's groups (after its processes are gone); retries briefly while
