@@ -20,6 +20,7 @@ from .api.routes import local_app, public_app
 from .cluster.errors import ClusterSetupError
 from .cluster.link import open_cluster_member
 from .api.identity import PeerCredProtocol
+from .api.report_protocol import report_protocol
 from .member.runtime import Member
 from .ports import take_ports
 from .api.service import MemberService
@@ -128,7 +129,9 @@ async def _serve(service: MemberService, config: Config, public_sock: socket.soc
     tenants = TenantService(service)
     local = uvicorn.Server(uvicorn.Config(local_app(service, tenants), uds=sock_path, http=PeerCredProtocol,
                                           timeout_keep_alive=30, **quiet))
-    public = uvicorn.Server(uvicorn.Config(public_app(service, tenants), host=host, port=port, **quiet))
+    link = service.member.link
+    fast = {"http": report_protocol(link)} if link.is_cluster else {}  # members' reports, ahead of the app
+    public = uvicorn.Server(uvicorn.Config(public_app(service, tenants), host=host, port=port, **fast, **quiet))
     for server in (local, public):
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()

@@ -32,6 +32,7 @@ from ...model.api import STALE_HEADER
 from . import logs
 from .identity import Caller, caller_from_peer
 from .logs import LogResponse
+from .report_protocol import REPORT_PATH, report_answer, take_report
 from .service import MemberService, ServiceError
 from .tenants import TenantService
 from .workspaces import WorkspaceRequest, WorkspaceService
@@ -86,15 +87,12 @@ class AnswerHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-REPORT_PATH = "/cluster/v1/report"
-
-
 class ReportFastPath:
     """Serves POST /cluster/v1/report ahead of FastAPI's routing: the innermost middleware,
-    so the ones that add headers to every answer add theirs. Every member sends one a
-    second; at a thousand members, matching the routes before it and FastAPI's request
-    and answer handling cost more than taking the report (bench/telemetry.py). The same
-    checks, errors and answers as the route (take_report); other requests pass through."""
+    so the ones that add headers to every answer add theirs. LISTEN's own protocol
+    (report_protocol.py) takes reports before they reach the app; this serves those that
+    still do (pipelined behind another request, or another server of the app). The same
+    checks, errors and answers as the route (report_answer); other requests pass through."""
 
     def __init__(self, app, link) -> None:
         self.app = app
@@ -114,23 +112,8 @@ class ReportFastPath:
                 break
         query = scope.get("query_string", b"").decode("latin-1")
         path = scope["path"] + (f"?{query}" if query else "")
-        try:
-            answer = JSONResponse(take_report(self.link, path, b"".join(chunks), Headers(scope=scope)))
-        except ServiceError as e:
-            answer = _error_response(None, e)
-        except ReplicationError as e:
-            answer = await _unavailable(None, e)
-        except ClusterSetupError as e:
-            answer = await _refused(None, e)
-        await answer(scope, receive, send)
-
-
-def take_report(link, path: str, body: bytes, headers) -> dict:
-    """A member's telemetry report, once its signature is checked (401 else)."""
-    why = link.signer.verify("POST", path, body, headers)
-    if why:
-        raise ServiceError(401, f"refused: {why}")
-    return link.handle_report(json.loads(body))
+        status, content = report_answer(self.link, path, b"".join(chunks), Headers(scope=scope))
+        await JSONResponse(status_code=status, content=content)(scope, receive, send)
 
 
 # async: a sync handler would run in a worker thread, for each of a storm of reports a

@@ -1,0 +1,166 @@
+"""LISTEN's protocol takes members' reports before the app (server/api/report_protocol.py):
+a real uvicorn server on a loopback port, real keep-alive connections, the real signer.
+Every outcome the route has, the protocol has too, on a connection that stays usable."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import uvicorn
+from fastapi import FastAPI
+
+from mtgpu.server.api.report_protocol import MAX_REPORT_BYTES, REPORT_PATH, report_protocol
+from mtgpu.server.api.routes import _error_response, add_cluster_routes
+from mtgpu.server.api.service import ServiceError
+from mtgpu.server.cluster.errors import ClusterSetupError
+from mtgpu.server.cluster.signer import H_CLOCK, H_CLOCK_SIG, Signer
+from mtgpu.state.store import ReplicationError
+
+
+class Link:
+    """What the protocol and the routes use of a ClusterLink: the signer and the handlers."""
+
+    is_cluster = True
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+        self.taken: list[dict] = []
+        self.fail: Exception | None = None
+
+    def handle_report(self, payload: dict) -> dict:
+        if self.fail is not None:
+            raise self.fail
+        self.taken.append(payload)
+        return {"ok": True, "commit": len(self.taken)}
+
+    def raft_info(self) -> dict:
+        return {"raft": "info"}
+
+    handle_role = handle_join = handle_remove = raft_info
+
+
+class Served:
+    def __init__(self, link: Link) -> None:
+        app = FastAPI()
+        app.add_exception_handler(ServiceError, _error_response)
+        add_cluster_routes(app, SimpleNamespace(member=SimpleNamespace(link=link), node_name="sched"))
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, http=report_protocol(link), log_level="warning",
+                                                    access_log=False, lifespan="off"))
+        self.server.install_signal_handlers = lambda: None
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+def post(conn, signer: Signer | None, body: bytes, path: str = REPORT_PATH, headers: dict | None = None):
+    h = dict(headers or (signer.headers("POST", path, body, "m7") if signer else {}))
+    conn.request("POST", path, body=body, headers=h)
+    r = conn.getresponse()
+    return r, json.loads(r.read() or b"null"), h
+
+
+def report(seq: int) -> bytes:
+    return json.dumps({"node": "m7", "cluster_id": "lab", "gpus": [], "seq": seq}).encode()
+
+
+def test_reports_on_one_connection_are_taken_and_every_refusal_is_answered_there():
+    signer = Signer("s" * 48)
+    link = Link(signer)
+    served = Served(link)
+    try:
+        conn = served.connection()
+        r, body, sent = post(conn, signer, report(1))
+        assert r.status == 200 and body == {"ok": True, "commit": 1}
+        sock = conn.sock
+        # the answer carries the signed clock, as every answer to a member does
+        assert r.getheader(H_CLOCK) and r.getheader(H_CLOCK_SIG)
+        assert signer.clock_headers(sent)[H_CLOCK_SIG] != ""
+        r, body, _ = post(conn, signer, report(2))
+        assert r.status == 200 and body["commit"] == 2 and conn.sock is sock  # kept alive
+        assert [p["seq"] for p in link.taken] == [1, 2]
+
+        r, body, _ = post(conn, signer, report(1), headers=sent)  # the first one again
+        assert r.status == 401 and "replay" in body["error"]
+        r, body, _ = post(conn, None, report(4))
+        assert r.status == 401 and body["refused"] is False
+        r, body, _ = post(conn, Signer("w" * 48), report(5))
+        assert r.status == 401
+        r, body, _ = post(conn, signer, b"{not json")
+        assert r.status == 400 and "JSON" in body["error"]
+        r, body, _ = post(conn, signer, b"[1, 2]")
+        assert r.status == 422 and '"node"' in body["error"]
+        for seq, (fail, status) in enumerate(((ReplicationError("not the scheduler"), 503),
+                                              (ClusterSetupError("not ours"), 409), (RuntimeError("a bug"), 500))):
+            link.fail = fail
+            r, body, _ = post(conn, signer, report(60 + seq))
+            assert r.status == status, (fail, r.status, body)
+            assert ("a bug" not in body["error"]) if status == 500 else (str(fail) in body["error"])
+        link.fail = None
+        assert conn.sock is sock and [p["seq"] for p in link.taken] == [1, 2]
+
+        # other requests on the same connection go to the app, before and after a report
+        conn.request("GET", "/cluster/v1/raft", headers=signer.headers("GET", "/cluster/v1/raft", b"", "m7"))
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read()) == {"raft": "info"}
+        r, body, _ = post(conn, signer, report(7))
+        assert r.status == 200 and link.taken[-1]["seq"] == 7 and conn.sock is sock
+        # with a query string, the app's route takes it (the same checks)
+        r, body, _ = post(conn, signer, report(8), path=REPORT_PATH + "?from=test")
+        assert r.status == 200 and link.taken[-1]["seq"] == 8
+        conn.request("GET", REPORT_PATH)
+        r = conn.getresponse()
+        assert r.status == 405, r.read()
+        r.read()
+
+        # a body over the limit is refused and the connection closed; a new one works
+        big = json.dumps({"node": "m7", "pad": "x" * (MAX_REPORT_BYTES + 10)}).encode()
+        r, body, _ = post(conn, signer, big)
+        assert r.status == 413 and str(MAX_REPORT_BYTES) in body["error"] and r.getheader("connection") == "close"
+        conn.close()
+        conn = served.connection()
+        r, body, _ = post(conn, signer, report(9))
+        assert r.status == 200 and link.taken[-1]["seq"] == 9
+        conn.close()
+    finally:
+        served.close()
+
+
+def test_a_connection_the_member_closes_after_a_report_is_closed_by_the_server_too():
+    signer = Signer("s" * 48)
+    link = Link(signer)
+    served = Served(link)
+    try:
+        s = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+        body = report(1)
+        head = "".join(f"{k}: {v}\r\n" for k, v in signer.headers("POST", REPORT_PATH, body, "m7").items())
+        s.sendall((f"POST {REPORT_PATH} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{head}"
+                   f"content-length: {len(body)}\r\n\r\n").encode() + body)
+        got = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break  # the server closed it
+            got += chunk
+        s.close()
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n") and b"connection: close" in got and link.taken
+    finally:
+        served.close()
