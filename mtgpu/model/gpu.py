@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -18,6 +19,7 @@ VISIBILITY_VARS: dict[str, tuple[str, ...]] = {
 _NOISE_WORDS = ("nvidia", "geforce", "tesla", "quadro", "amd", "radeon", "instinct", "intel", "data", "center", "gpu")
 
 
+@functools.lru_cache(maxsize=4096)  # a pass normalizes every GPU's model: a few names, thousands of GPUs
 def normalize_model(name: str) -> str:
     """The comparable form of a model name: "NVIDIA GeForce RTX 4090" -> "rtx4090",
     "NVIDIA H200" -> "h200", "A100-SXM4-80GB" -> "a100sxm480gb"."""

@@ -49,21 +49,63 @@ class Fleet:
         # all of the node's GPUs are of one kind (any k idle GPUs leave the same shares by kind)
         self.uniform = np.array([len({(x.vendor, x.model) for x in s.gpus}) <= 1 for s in self.states], dtype=bool)
         self.mem_total = np.array([s.mem_total for s in self.states], dtype=np.int64)
-        for i, s in enumerate(self.states):
-            for j, x in enumerate(s.gpus):
-                self.gmodel[i, j] = kinds[(x.vendor, x.model)]
-                self.gindex[i, j] = x.index
-                self.vram_total[i, j] = x.total
-        # Equal node states get equal ids (exact: the bytes of every array fit and scoring read),
-        # so a request is scored once per distinct state among many changed rows.
-        self._static = [self.gmodel[i].tobytes() + self.vram_total[i].tobytes() for i in range(n)]
         self._ids: dict[bytes, int] = {}
         self.state_id = np.zeros(n, dtype=np.int64)
-        for i in range(n):
-            self.refresh(i, log=False)
+        self._fill(kinds)
         self.log: list[int] = []  # rows changed, in order
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
         self._match_slots: dict[tuple[str | None, str | None], np.ndarray] = {}
+
+    def _fill(self, kinds: dict[tuple[str, str], int]) -> None:
+        """Every row at once: the values refresh() copies, gathered per GPU slot into lists
+        and written as whole arrays (one element at a time, a thousand nodes took longer
+        than the rest of a pass). The same values, the same row keys, the same ids."""
+        n, g = self.n, self.width
+        if n == 0:
+            self._static = []
+            return
+        cols = {k: [] for k in ("gmodel", "gindex", "vram_total", "idle", "open", "left", "shared_free",
+                                "meas_free", "load")}
+        pad = {"gmodel": self.no_gpu, "gindex": -1, "vram_total": 0, "idle": False, "open": False, "left": 0.0,
+               "shared_free": 0, "meas_free": 0, "load": 0.0}
+        for s in self.states:
+            xs = s.gpus
+            missing = g - len(xs)
+            for key, values in (
+                    ("gmodel", [kinds[(x.vendor, x.model)] for x in xs]),
+                    ("gindex", [x.index for x in xs]),
+                    ("vram_total", [x.total for x in xs]),
+                    ("idle", [x.idle for x in xs]),
+                    ("open", [not x.exclusive for x in xs]),
+                    ("left", [0.0 if x.exclusive else max(0.0, 1.0 - x.frac) for x in xs]),
+                    ("shared_free", [x.shared_free for x in xs]),
+                    ("meas_free", [x.measured_free for x in xs]),
+                    ("load", [x.util / 100.0 + (x.used / x.total if x.total else 0.0) + 0.01 * x.over for x in xs])):
+                cols[key].append(values + [pad[key]] * missing if missing else values)
+        for key, rows in cols.items():
+            arr = getattr(self, key)
+            arr[:] = np.array(rows, dtype=arr.dtype).reshape(n, g)
+        self.left_sum[:] = self.left.sum(axis=1)
+        self.cpus_free[:] = [s.cpus_free for s in self.states]
+        self.mem_usable[:] = [s.mem_usable for s in self.states]
+        self.schedulable[:] = [s.schedulable for s in self.states]
+        # Equal node states get equal ids (exact: the bytes of every array fit and scoring read),
+        # so a request is scored once per distinct state among many changed rows.
+        static = self._bytes(self.gmodel, self.vram_total)
+        self._static = [row.tobytes() for row in static]
+        keys = self._bytes(static, self.left, self.idle, self.open, self.shared_free, self.meas_free, self.load,
+                           self.cpus_free[:, None], self.mem_usable[:, None], self.schedulable[:, None])
+        ids = self._ids
+        for i in range(n):
+            key = keys[i].tobytes()
+            sid = ids.get(key)
+            if sid is None:
+                sid = ids[key] = len(ids)
+            self.state_id[i] = sid
+
+    def _bytes(self, *arrays: np.ndarray) -> np.ndarray:
+        """Per row, the bytes of these arrays' rows one after the other (as refresh joins them)."""
+        return np.concatenate([np.ascontiguousarray(a).view(np.uint8).reshape(self.n, -1) for a in arrays], axis=1)
 
     def refresh(self, i: int, log: bool = True, gpus: list[int] | None = None) -> None:
         """Copy node row `i` (only the GPUs of index `gpus`, when given) from its NodeState."""
