@@ -8,9 +8,11 @@ row, so caches keyed by request recompute only the rows that changed.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
-from mtgpu.model.cluster import ClusterSnapshot
+from mtgpu.model.cluster import ClusterSnapshot, NodeView
 from mtgpu.model.gpu import model_matches
 from mtgpu.model.job import GpuMode
 
@@ -18,17 +20,43 @@ from .nodefit import NodeState
 from .request import EPS, RankRequest
 
 
+class NodeStates:
+    """The pass's NodeState of each row, made when first read: a pass that places a few jobs
+    on a thousand nodes reads a few of them (the arrays are filled from the views)."""
+
+    __slots__ = ("_views", "_made")
+
+    def __init__(self, views: list[NodeView]) -> None:
+        self._views = views
+        self._made: list[NodeState | None] = [None] * len(views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self._views)))]
+        st = self._made[i]
+        if st is None:
+            st = self._made[i] = NodeState(self._views[i])
+        return st
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return (self[i] for i in range(len(self._views)))
+
+
 class Fleet:
     def __init__(self, snapshot: ClusterSnapshot) -> None:
-        self.states = [NodeState(n) for n in snapshot.nodes]
-        self.names = [n.name for n in self.states]
+        views = list(snapshot.nodes)
+        self.states = NodeStates(views)
+        self.names = [v.name for v in views]
         self.row_of = {n: i for i, n in enumerate(self.names)}
-        n = len(self.states)
+        n = len(views)
         self.n = n
-        self.width = g = max([len(s.gpus) for s in self.states] + [1])
+        self.width = g = max([len(v.gpus) for v in views] + [1])
         kinds: dict[tuple[str, str], int] = {}
-        for s in self.states:
-            for x in s.gpus:
+        for v in views:
+            for x in v.gpus:
                 kinds.setdefault((x.vendor, x.model), len(kinds))
         self.kinds = list(kinds)  # model id -> (vendor, model); id len(kinds) = no GPU
         self.no_gpu = len(self.kinds)
@@ -45,50 +73,62 @@ class Fleet:
         self.cpus_free = np.zeros(n, dtype=np.float64)
         self.mem_usable = np.zeros(n, dtype=np.int64)
         self.schedulable = np.zeros(n, dtype=bool)
-        self.cpus_total = np.array([s.cpus_total for s in self.states], dtype=np.float64)
+        self.cpus_total = np.array([float(v.cpus_total) for v in views], dtype=np.float64)
         # all of the node's GPUs are of one kind (any k idle GPUs leave the same shares by kind)
-        self.uniform = np.array([len({(x.vendor, x.model) for x in s.gpus}) <= 1 for s in self.states], dtype=bool)
-        self.mem_total = np.array([s.mem_total for s in self.states], dtype=np.int64)
+        self.uniform = np.array([len({(x.vendor, x.model) for x in v.gpus}) <= 1 for v in views], dtype=bool)
+        self.mem_total = np.array([int(v.mem_total_bytes) for v in views], dtype=np.int64)
         self._ids: dict[bytes, int] = {}
         self.state_id = np.zeros(n, dtype=np.int64)
-        self._fill(kinds)
+        self._fill(views, kinds)
         self.log: list[int] = []  # rows changed, in order
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
         self._match_slots: dict[tuple[str | None, str | None], np.ndarray] = {}
 
-    def _fill(self, kinds: dict[tuple[str, str], int]) -> None:
-        """Every row at once: the values refresh() copies, gathered per GPU slot into lists
-        and written as whole arrays (one element at a time, a thousand nodes took longer
-        than the rest of a pass). The same values, the same row keys, the same ids."""
+    def _fill(self, views: list[NodeView], kinds: dict[tuple[str, str], int]) -> None:
+        """Every row at once, from the views: what refresh() copies from a row's NodeState
+        (GpuState's properties, here as array arithmetic in the same order, so the same
+        floats), written as whole arrays, and the same row keys and ids. One element at a
+        time, a thousand nodes took longer than the rest of a pass."""
         n, g = self.n, self.width
         if n == 0:
             self._static = []
             return
-        cols = {k: [] for k in ("gmodel", "gindex", "vram_total", "idle", "open", "left", "shared_free",
-                                "meas_free", "load")}
-        pad = {"gmodel": self.no_gpu, "gindex": -1, "vram_total": 0, "idle": False, "open": False, "left": 0.0,
-               "shared_free": 0, "meas_free": 0, "load": 0.0}
-        for s in self.states:
-            xs = s.gpus
-            missing = g - len(xs)
+        raw = {k: [] for k in ("gmodel", "gindex", "total", "used", "util", "frac", "cvram", "excl", "shared", "over")}
+        for v in views:
+            xs = v.gpus
+            pad = [0] * (g - len(xs))
             for key, values in (
                     ("gmodel", [kinds[(x.vendor, x.model)] for x in xs]),
                     ("gindex", [x.index for x in xs]),
-                    ("vram_total", [x.total for x in xs]),
-                    ("idle", [x.idle for x in xs]),
-                    ("open", [not x.exclusive for x in xs]),
-                    ("left", [0.0 if x.exclusive else max(0.0, 1.0 - x.frac) for x in xs]),
-                    ("shared_free", [x.shared_free for x in xs]),
-                    ("meas_free", [x.measured_free for x in xs]),
-                    ("load", [x.util / 100.0 + (x.used / x.total if x.total else 0.0) + 0.01 * x.over for x in xs])):
-                cols[key].append(values + [pad[key]] * missing if missing else values)
-        for key, rows in cols.items():
-            arr = getattr(self, key)
-            arr[:] = np.array(rows, dtype=arr.dtype).reshape(n, g)
+                    ("total", [int(x.vram_total_bytes) for x in xs]),
+                    ("used", [int(x.vram_used_measured_bytes) for x in xs]),
+                    ("util", [float(x.utilization_pct) for x in xs]),
+                    ("frac", [float(x.committed_fraction) for x in xs]),
+                    ("cvram", [int(x.committed_vram_bytes) for x in xs]),
+                    ("excl", [bool(x.exclusive) for x in xs]),
+                    ("shared", [int(x.shared_jobs) for x in xs]),
+                    ("over", [int(x.oversubscribed_jobs) for x in xs])):
+                raw[key].append(values + pad if pad else values)
+        a = {k: np.array(rows, dtype=np.float64 if k in ("util", "frac") else bool if k == "excl" else np.int64)
+             for k, rows in raw.items()}
+        present = np.arange(g)[None, :] < np.array([len(v.gpus) for v in views])[:, None]
+        total, used, excl = a["total"], a["used"], a["excl"]
+        self.gmodel[:] = np.where(present, a["gmodel"], self.no_gpu)
+        self.gindex[:] = np.where(present, a["gindex"], -1)
+        self.vram_total[:] = total
+        self.idle[:] = present & ~excl & (a["frac"] <= EPS) & (a["cvram"] == 0) & (a["shared"] == 0) & (a["over"] == 0)
+        self.open[:] = present & ~excl
+        self.left[:] = np.where(present & ~excl, np.maximum(0.0, 1.0 - a["frac"]), 0.0)
+        self.shared_free[:] = np.maximum(0, np.minimum(total - a["cvram"], total - used))
+        self.meas_free[:] = np.maximum(0, total - used)
+        ratio = np.divide(used, total, out=np.zeros((n, g), dtype=np.float64), where=total != 0)
+        self.load[:] = np.where(present, a["util"] / 100.0 + ratio + 0.01 * a["over"], 0.0)
         self.left_sum[:] = self.left.sum(axis=1)
-        self.cpus_free[:] = [s.cpus_free for s in self.states]
-        self.mem_usable[:] = [s.mem_usable for s in self.states]
-        self.schedulable[:] = [s.schedulable for s in self.states]
+        self.cpus_free[:] = [float(v.cpus_total) - float(v.cpus_committed) for v in views]
+        mem_free = [int(v.mem_total_bytes) - int(v.mem_committed_bytes) for v in views]
+        self.mem_usable[:] = [free if v.mem_available_measured_bytes is None
+                              else min(free, int(v.mem_available_measured_bytes)) for free, v in zip(mem_free, views)]
+        self.schedulable[:] = [bool(v.schedulable) for v in views]
         # Equal node states get equal ids (exact: the bytes of every array fit and scoring read),
         # so a request is scored once per distinct state among many changed rows.
         static = self._bytes(self.gmodel, self.vram_total)
