@@ -403,7 +403,7 @@ class Scheduler:
                 offered = offered_images(self.snapshot)
                 per_node += [(n.name, why) for n in self.snapshot.nodes[:REASON_SCAN_LIMIT]
                              if (why := container_reason(spec.container, n, offered))]
-            states = [st for i, st in enumerate(states) if pin[i]]
+            states = [states[i] for i in np.flatnonzero(pin)]
         scanned = states[:REASON_SCAN_LIMIT]
         fitting = 0
         for n in scanned:
