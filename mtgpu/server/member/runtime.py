@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.2
 TELEMETRY_EVERY_S = 1.0
+# Passes take at most about a twentieth of a core: after a pass that used C seconds of CPU
+# the next one starts PASS_REST_PER_CPU x C later at the earliest, never more than
+# PASS_REST_MAX_S. A pass over a few nodes uses a millisecond (the next may start 19 ms
+# later); over a thousand nodes x 8 GPUs some 50 ms, and jobs submitted meanwhile are
+# placed together by the next pass, within a second (docs/SCHEDULING.md).
+PASS_REST_PER_CPU = 19.0
+PASS_REST_MAX_S = 1.0
 
 
 class Member:
@@ -137,15 +144,17 @@ class Member:
         self.refresh_telemetry()
         if self.store.is_leader():
             if time.monotonic() >= self._next_schedule_at:
-                t0 = time.monotonic()
+                t0, cpu0 = time.monotonic(), time.thread_time()
                 placed = self.scheduler.placements
                 self.scheduler.run_once(now, self.store.term())
                 # A pass over a long queue is costly: leave the CPU to the API and the
                 # replication for twice as long as the pass took, five times when it
-                # placed nothing (the queue waits for capacity), bounded by a tick.
-                spent = time.monotonic() - t0
-                rest = (2 if self.scheduler.placements > placed else 5) * spent
-                self._next_schedule_at = t0 + spent + min(TICK_S, rest) if spent > 0.002 else 0.0
+                # placed nothing (the queue waits for capacity), bounded by a tick; and
+                # keep passes to about 5% of a core (PASS_REST_PER_CPU).
+                spent, cpu = time.monotonic() - t0, time.thread_time() - cpu0
+                rest = max(min(TICK_S, (2 if self.scheduler.placements > placed else 5) * spent),
+                           min(PASS_REST_MAX_S, PASS_REST_PER_CPU * cpu))
+                self._next_schedule_at = t0 + spent + rest if spent > 0.002 else 0.0
         elif self.scheduler.epoch is not None:
             log.info("%s no longer schedules", self.node_name)
             self.scheduler.step_down()
