@@ -66,8 +66,8 @@ class GpuInfo:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GpuInfo":
-        d = dict(d)
-        d["processes"] = [GpuProcess(**p) for p in d.get("processes", [])]
+        if d.get("processes"):  # most reports name none: no copy then (every member reports each second)
+            d = {**d, "processes": [GpuProcess(**p) for p in d["processes"]]}
         return cls(**d)
 
 

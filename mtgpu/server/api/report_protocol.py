@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 
-from starlette.datastructures import Headers
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ...state.store import ReplicationError
@@ -90,7 +89,9 @@ def report_protocol(link) -> type:
                 return
             chunks, self._report = self._report, None
             keep_alive = self.parser.should_keep_alive()
-            headers = Headers(raw=self.headers)
+            headers: dict[str, str] = {}
+            for name, value in self.headers:  # the first of a repeated header counts, as Headers.get has it
+                headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
             extra: dict[str, str] = {}
             if self._report_size > MAX_REPORT_BYTES:
                 status, content = 413, {"error": f"a report of {self._report_size} bytes is over the "
