@@ -164,3 +164,70 @@ def test_a_connection_the_member_closes_after_a_report_is_closed_by_the_server_t
         assert got.startswith(b"HTTP/1.1 200 OK\r\n") and b"connection: close" in got and link.taken
     finally:
         served.close()
+
+
+def raw_report(signer: Signer, seq: int, extra: str = "", body: bytes | None = None) -> tuple[bytes, bytes]:
+    body = report(seq) if body is None else body
+    head = "".join(f"{k}: {v}\r\n" for k, v in signer.headers("POST", REPORT_PATH, body, "m7").items())
+    return (f"POST {REPORT_PATH} HTTP/1.1\r\nhost: x\r\n{head}{extra}").encode(), body
+
+
+def answers(s: socket.socket, count: int) -> list[tuple[int, dict]]:
+    """`count` answers read off the socket, in order."""
+    buf, out = b"", []
+    deadline = time.monotonic() + 20
+    while len(out) < count:
+        assert time.monotonic() < deadline, (out, buf)
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            head = buf[:end].decode().lower()
+            length = int(head.split("content-length: ")[1].split("\r\n")[0])
+            if len(buf) >= end + 4 + length:
+                body = buf[end + 4:end + 4 + length]
+                out.append((int(head[9:12]), json.loads(body) if b"json" in buf[:end] else body.decode()))
+                buf = buf[end + 4 + length:]
+                continue
+        chunk = s.recv(65536)
+        assert chunk, ("closed", out)
+        buf += chunk
+    return out
+
+
+def test_reports_in_pieces_chunked_pipelined_or_oddly_framed_are_taken_or_refused_as_the_parser_says():
+    signer = Signer("s" * 48)
+    link = Link(signer)
+    served = Served(link)
+    try:
+        s = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # two whole reports in one write, then a third split inside its headers and its body
+        a, body_a = raw_report(signer, 1, f"content-length: {len(report(1))}\r\n\r\n")
+        b, body_b = raw_report(signer, 2, f"content-length: {len(report(2))}\r\n\r\n")
+        s.sendall(a + body_a + b + body_b)
+        assert answers(s, 2) == [(200, {"ok": True, "commit": 1}), (200, {"ok": True, "commit": 2})]
+        c, body_c = raw_report(signer, 3, f"content-length: {len(report(3))}\r\n\r\n")
+        for piece in (c[:40], c[40:] + body_c[:10], body_c[10:]):
+            s.sendall(piece)
+            time.sleep(0.05)
+        assert answers(s, 1) == [(200, {"ok": True, "commit": 3})]
+        # chunked: the parser's way, the same answer
+        d, body_d = raw_report(signer, 4, "transfer-encoding: chunked\r\n\r\n")
+        s.sendall(d + b"%x\r\n" % len(body_d) + body_d + b"\r\n0\r\n\r\n")
+        assert answers(s, 1) == [(200, {"ok": True, "commit": 4})]
+        # a report after the app answered another request on the connection
+        s.sendall(f"GET /cluster/v1/raft HTTP/1.1\r\nhost: x\r\n".encode() + "".join(
+            f"{k}: {v}\r\n" for k, v in signer.headers("GET", "/cluster/v1/raft", b"", "m7").items()).encode()
+                  + b"\r\n")
+        e, body_e = raw_report(signer, 5, f"content-length: {len(report(5))}\r\n\r\n")
+        time.sleep(0.2)
+        s.sendall(e + body_e)
+        assert answers(s, 2) == [(200, {"raft": "info"}), (200, {"ok": True, "commit": 5})]
+        assert [p["seq"] for p in link.taken] == [1, 2, 3, 4, 5]
+        # two different content-lengths: never taken, the parser refuses the request
+        f, body_f = raw_report(signer, 6, f"content-length: {len(report(6))}\r\ncontent-length: 3\r\n\r\n")
+        s.sendall(f + body_f)
+        status = answers(s, 1)[0][0]
+        assert status == 400 and [p["seq"] for p in link.taken] == [1, 2, 3, 4, 5]
+        s.close()
+    finally:
+        served.close()
