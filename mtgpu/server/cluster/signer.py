@@ -104,7 +104,7 @@ class Signer:
     def _sign(self, method: str, path: str, ts: str, body: bytes) -> str:
         msg = b"\n".join([method.upper().encode(), path.encode(), ts.encode(),
                           hashlib.sha256(body).hexdigest().encode()])
-        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
+        return hmac.digest(self._key, msg, "sha256").hex()  # one call: every member's report is checked
 
     def _clock_sign(self, ts: str, request_sig: str) -> str:
-        return hmac.new(self._clock_key, f"{ts}\n{request_sig}".encode(), hashlib.sha256).hexdigest()
+        return hmac.digest(self._clock_key, f"{ts}\n{request_sig}".encode(), "sha256").hex()
