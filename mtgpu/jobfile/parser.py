@@ -36,7 +36,7 @@ from typing import Any
 
 from mtgpu.jobfile import sbatch
 from mtgpu.jobfile.after import parse_after
-from mtgpu.jobfile.block import prefixed_lines
+from mtgpu.jobfile.block import prefixed_lines, split_words
 from mtgpu.jobfile.errors import JobFileError
 from mtgpu.jobfile.patterns import pattern_problem
 from mtgpu.model.gpu import VENDORS, normalize_model
@@ -375,37 +375,6 @@ class _Given:
             raise JobFileError(e.problem, line=self.line, directive=option, value=written) from None
 
 
-def _split_tokens(text: str, line_no: int) -> list[str]:
-    """Split a directive line on whitespace, honouring quotes; a token starting with '#' ends it."""
-    tokens: list[str] = []
-    current: list[str] = []
-    in_token = False
-    quote: str | None = None
-    for ch in text:
-        if quote is not None:
-            if ch == quote:
-                quote = None
-            else:
-                current.append(ch)
-        elif ch in "\"'":
-            quote = ch
-            in_token = True
-        elif ch.isspace():
-            if in_token:
-                tokens.append("".join(current))
-                current, in_token = [], False
-        elif ch == "#" and not in_token:
-            break
-        else:
-            current.append(ch)
-            in_token = True
-    if quote is not None:
-        raise JobFileError(f"a {quote} quote is not closed; close it or remove it", line=line_no)
-    if in_token:
-        tokens.append("".join(current))
-    return tokens
-
-
 def _canonical_name(key: str) -> str:
     return key.strip().lower().replace("_", "-")
 
@@ -436,7 +405,7 @@ def late_directive_lines(text: str) -> list[int]:
 def _given_from_text(text: str) -> dict[str, _Given]:
     given: dict[str, _Given] = {}
     for number, rest in _directive_lines(text)[0]:
-        for token in _split_tokens(rest, number):
+        for token in split_words(rest, number, backslash=False, hash_inside_word=False):
             key, sep, value = token.partition("=")
             if not sep or not key.strip():
                 raise JobFileError(

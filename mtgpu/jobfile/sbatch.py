@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mtgpu.jobfile.after import parse_after
-from mtgpu.jobfile.block import prefixed_lines
+from mtgpu.jobfile.block import prefixed_lines, split_words
 from mtgpu.jobfile.errors import JobFileError
 from mtgpu.jobfile.sbatch_options import (BY_LONG, BY_SHORT, NONE, OPTION_NAMES, OPTIONAL, OPTIONS, REQUIRED,
                                           SHORT_REFUSED, Opt)
@@ -105,37 +105,7 @@ def sbatch_lines(text: str) -> tuple[list[tuple[int, str]], list[int]]:
 def split_line(rest: str, line: int | None) -> list[str]:
     """sbatch's own splitting of a directive line: blanks separate, `"` and `'` quote, a
     backslash escapes the next character, and an unquoted `#` ends the line."""
-    tokens: list[str] = []
-    current: list[str] = []
-    in_token = escape = False
-    quote: str | None = None
-    for ch in rest:
-        if escape:
-            current.append(ch)
-            escape = False
-        elif ch == "\\":
-            escape = in_token = True
-        elif quote is not None:
-            if ch == quote:
-                quote = None
-            else:
-                current.append(ch)
-        elif ch in "\"'":
-            quote, in_token = ch, True
-        elif ch == "#":
-            break
-        elif ch.isspace():
-            if in_token:
-                tokens.append("".join(current))
-                current, in_token = [], False
-        else:
-            current.append(ch)
-            in_token = True
-    if quote is not None:
-        raise JobFileError(f"a {quote} quote is not closed; close it or remove it", line=line)
-    if in_token:
-        tokens.append("".join(current))
-    return tokens
+    return split_words(rest, line, backslash=True, hash_inside_word=True)
 
 
 def _long_option(name: str, line: int | None) -> Opt:
