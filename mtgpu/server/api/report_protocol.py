@@ -12,8 +12,8 @@ member's request in one segment) is taken without the parser, whose dozen callba
 request cost more than the rest; a report that comes in pieces, or with chunked
 encoding, `Expect:` or a repeated framing header, is collected from the parser's
 callbacks instead. Everything else (other paths, a query string, a request pipelined
-behind one the app still answers) goes to the app as before, where ReportFastPath and
-the route serve a report too.
+behind one the app still answers) goes to the app as before, where the route serves a
+report too, with the same checks.
 """
 
 from __future__ import annotations

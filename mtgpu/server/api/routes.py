@@ -20,7 +20,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.datastructures import Headers
-from starlette.middleware import Middleware
 
 from ...model import logstream
 from ...state.store import ReplicationError
@@ -32,7 +31,7 @@ from ...model.api import STALE_HEADER
 from . import logs
 from .identity import Caller, caller_from_peer
 from .logs import LogResponse
-from .report_protocol import REPORT_PATH, report_answer, take_report
+from .report_protocol import REPORT_PATH, take_report
 from .service import MemberService, ServiceError
 from .tenants import TenantService
 from .workspaces import WorkspaceRequest, WorkspaceService
@@ -85,35 +84,6 @@ class AnswerHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-class ReportFastPath:
-    """Serves POST /cluster/v1/report ahead of FastAPI's routing: the innermost middleware,
-    so the ones that add headers to every answer add theirs. LISTEN's own protocol
-    (report_protocol.py) takes reports before they reach the app; this serves those that
-    still do (pipelined behind another request, or another server of the app). The same
-    checks, errors and answers as the route (report_answer); other requests pass through."""
-
-    def __init__(self, app, link) -> None:
-        self.app = app
-        self.link = link
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] != REPORT_PATH or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        query = scope.get("query_string", b"").decode("latin-1")
-        path = scope["path"] + (f"?{query}" if query else "")
-        status, content = report_answer(self.link, path, b"".join(chunks), Headers(scope=scope))
-        await JSONResponse(status_code=status, content=content)(scope, receive, send)
 
 
 # async: a sync handler would run in a worker thread, for each of a storm of reports a
@@ -377,7 +347,6 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
         return link.signer.clock_headers(Headers(scope=scope))
 
     app.add_middleware(AnswerHeaders, headers=member_clock)
-    app.user_middleware.append(Middleware(ReportFastPath, link=link))  # innermost
 
     async def verified(request: Request) -> bytes:
         body = await request.body()
@@ -389,7 +358,8 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
 
     @app.post(REPORT_PATH)
     async def report(request: Request) -> dict:
-        """ReportFastPath answers it first; this route lists it with the others."""
+        """LISTEN's protocol (report_protocol.py) takes reports before the app; this route
+        serves those that still reach it (pipelined behind another request, with a query)."""
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return take_report(link, path, await request.body(), request.headers)
 
