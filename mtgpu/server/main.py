@@ -170,12 +170,8 @@ def event_loop_factory():
 GC_THRESHOLDS = (50_000, 50, 100)
 
 
-def tune_gc() -> None:
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
 def run_node(config: Config) -> int:
-    tune_gc()
+    gc.set_threshold(*GC_THRESHOLDS)
     public_sock = take_ports(config)  # a port in use stops the start here, before anything is announced
     try:
         service = build_service(config)
