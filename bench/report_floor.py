@@ -9,9 +9,15 @@ scheduler's. No signature check, no state, no Raft, no placement. Its CPU share 
 window is the floor: the kernel's loopback TCP for both directions (a member's report and
 its answer), the event loop and the parser.
 
-    python bench/report_floor.py --members 1000 [--seconds 30] [--json]
+With `--protocol` the server is the node's own LISTEN protocol instead
+(server/api/report_protocol.py on uvicorn and uvloop, the cluster signer checking every
+report and signing every answer's clock) over a link that keeps nothing and answers what
+the scheduler answers: the protocol's cost, without `handle_report` and the node's other
+threads.
 
-`--json` keys: `members`, `floor_cpu_pct`, `floor_system_cpu_pct`, `report_rate_hz`, `seconds`.
+    python bench/report_floor.py --members 1000 [--seconds 30] [--protocol] [--json]
+
+`--json` keys: `members`, `server`, `floor_cpu_pct`, `floor_system_cpu_pct`, `report_rate_hz`, `seconds`.
 """
 
 from __future__ import annotations
@@ -80,6 +86,38 @@ def serve(sock: socket.socket) -> None:
     uvloop.run(main())
 
 
+def serve_protocol(sock: socket.socket, secret: str) -> None:
+    """The node's report protocol, over a link that keeps nothing, until SIGTERM."""
+    import signal
+
+    import uvicorn
+    import uvloop
+    from fastapi import FastAPI
+
+    from mtgpu.server.api.report_protocol import report_protocol
+    from mtgpu.server.cluster.signer import Signer
+
+    answer = json.loads(ANSWER_BODY)
+
+    class Link:
+        signer = Signer(secret)
+
+        def handle_report(self, payload: dict) -> dict:
+            return answer
+
+    server = uvicorn.Server(uvicorn.Config(FastAPI(), http=report_protocol(Link()), log_level="warning",
+                                           access_log=False, lifespan="off"))
+    server.install_signal_handlers = lambda: None
+
+    async def main() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
+        print("serving", flush=True)
+        await server.serve(sockets=[sock])
+
+    import asyncio
+    uvloop.run(main())
+
+
 def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="mtgpu-floor-"))
     procs: list[subprocess.Popen] = []  # the server, then (gens) the generators
@@ -90,7 +128,8 @@ def run(args) -> dict:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", str(sock.fileno())],
+        serve_args = ["--serve", str(sock.fileno())] + (["--secret", str(secret)] if args.protocol else [])
+        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), *serve_args],
                                   pass_fds=[sock.fileno()], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
         procs.append(server)
         sock.close()
@@ -120,7 +159,7 @@ def run(args) -> dict:
                 p.wait()
         shutil.rmtree(work, ignore_errors=True)
     seconds = w1 - w0
-    return {"members": args.members, "seconds": round(seconds, 1),
+    return {"members": args.members, "server": "protocol" if args.protocol else "floor", "seconds": round(seconds, 1),
             "floor_cpu_pct": round(100 * ((u1 - u0) + (s1 - s0)) / seconds, 1),
             "floor_system_cpu_pct": round(100 * (s1 - s0) / seconds, 1),
             "report_rate_hz": round(answered / seconds, 1)}
@@ -132,11 +171,18 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--generators", type=int, default=0, help="generator processes (default 1 per 2,500)")
+    ap.add_argument("--protocol", action="store_true",
+                    help="serve with the node's report protocol and signer instead of the do-nothing server")
+    ap.add_argument("--secret", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve is not None:
-        serve(socket.socket(fileno=args.serve))
+        sock = socket.socket(fileno=args.serve)
+        if args.secret:  # the cluster secret's file: the node's protocol
+            serve_protocol(sock, Path(args.secret).read_text().strip())
+        else:
+            serve(sock)
         return 0
     if not 1 <= args.members <= 60000 or args.seconds + args.warmup > 800:
         ap.error("--members 1..60000, and --seconds + --warmup at most 800")
@@ -144,8 +190,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(r))
     else:
-        print(f"{r['members']:,} members reporting once a second to a do-nothing server (uvloop, httptools, "
-              f"json.loads, a fixed answer): {r['report_rate_hz']:,.1f} reports/s answered; its CPU "
+        what = ("the node's report protocol (signatures checked, nothing kept)" if args.protocol else
+                "a do-nothing server (uvloop, httptools, json.loads, a fixed answer)")
+        print(f"{r['members']:,} members reporting once a second to {what}: {r['report_rate_hz']:,.1f} reports/s "
+              f"answered; its CPU "
               f"{r['floor_cpu_pct']}% of one core ({r['floor_system_cpu_pct']}% in the kernel) over {r['seconds']} s")
     return 0
 
