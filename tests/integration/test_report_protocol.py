@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import threading
 import time
@@ -32,12 +33,13 @@ class Link:
         self.signer = signer
         self.taken: list[dict] = []
         self.fail: Exception | None = None
+        self.answer_extra: dict = {}
 
     def handle_report(self, payload: dict) -> dict:
         if self.fail is not None:
             raise self.fail
         self.taken.append(payload)
-        return {"ok": True, "commit": len(self.taken)}
+        return {"ok": True, "commit": len(self.taken), **self.answer_extra}
 
     def raft_info(self) -> dict:
         return {"raft": "info"}
@@ -118,6 +120,14 @@ def test_reports_on_one_connection_are_taken_and_every_refusal_is_answered_there
     assert r.status == 400 and "JSON" in body["error"]
     r, body, _ = post(conn, signer, b"[1, 2]")
     assert r.status == 422 and '"node"' in body["error"]
+    # what a member's json.dumps writes and orjson refuses (NaN, an integer over 64 bits) is
+    # still read, as the route reads it; an answer with such an integer is still written
+    r, body, _ = post(conn, signer, json.dumps({"node": "m7", "seq": 3, "util": float("nan"), "big": 2**70}).encode())
+    assert r.status == 200 and link.taken[-1]["big"] == 2**70 and math.isnan(link.taken.pop()["util"])
+    link.answer_extra = {"big": 2**70}
+    r, body, _ = post(conn, signer, report(3))
+    assert r.status == 200 and body["big"] == 2**70 and link.taken.pop()["seq"] == 3
+    link.answer_extra = {}
     for seq, (fail, status) in enumerate(((ReplicationError("not the scheduler"), 503),
                                           (ClusterSetupError("not ours"), 409), (RuntimeError("a bug"), 500))):
         link.fail = fail

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 
+import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ...state.store import ReplicationError
@@ -47,9 +48,12 @@ def take_report(link, path: str, body: bytes, headers) -> dict:
     if why:
         raise ServiceError(401, f"refused: {why}")
     try:
-        payload = json.loads(body)
-    except ValueError as e:
-        raise ServiceError(400, f"a report's body must be JSON: {e}") from None
+        payload = orjson.loads(body)
+    except ValueError:  # what orjson refuses and json reads (NaN, integers over 64 bits): read as the route reads it
+        try:
+            payload = json.loads(body)
+        except ValueError as e:
+            raise ServiceError(400, f"a report's body must be JSON: {e}") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("node"), str):
         raise ServiceError(422, "a report is a JSON object with the member's name in \"node\"")
     return link.handle_report(payload)
@@ -157,7 +161,10 @@ def report_protocol(link) -> type:
             self._answer(status, content, extra, keep_alive)
 
         def _answer(self, status: int, content: dict, extra: dict[str, str], keep_alive: bool) -> None:
-            body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+            try:
+                body = orjson.dumps(content)
+            except TypeError:  # an integer over 64 bits, say: the slower encoder writes it
+                body = json.dumps(content, ensure_ascii=False, separators=(",", ":"), default=str).encode()
             lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"")),
                      b"content-type: application/json", b"content-length: %d" % len(body)]
             lines += [f"{k.lower()}: {v}".encode("latin-1") for k, v in extra.items()]
