@@ -54,10 +54,8 @@ class Fleet:
         n = len(views)
         self.n = n
         self.width = g = max([len(v.gpus) for v in views] + [1])
-        kinds: dict[tuple[str, str], int] = {}
-        for v in views:
-            for x in v.gpus:
-                kinds.setdefault((x.vendor, x.model), len(kinds))
+        flat = [x for v in views for x in v.gpus]  # every GPU, node after node
+        kinds = {kind: i for i, kind in enumerate(dict.fromkeys([(x.vendor, x.model) for x in flat]))}
         self.kinds = list(kinds)  # model id -> (vendor, model); id len(kinds) = no GPU
         self.no_gpu = len(self.kinds)
         self.gmodel = np.full((n, g), self.no_gpu, dtype=np.int32)
@@ -74,17 +72,17 @@ class Fleet:
         self.mem_usable = np.zeros(n, dtype=np.int64)
         self.schedulable = np.zeros(n, dtype=bool)
         self.cpus_total = np.array([float(v.cpus_total) for v in views], dtype=np.float64)
-        # all of the node's GPUs are of one kind (any k idle GPUs leave the same shares by kind)
-        self.uniform = np.array([len({(x.vendor, x.model) for x in v.gpus}) <= 1 for v in views], dtype=bool)
         self.mem_total = np.array([int(v.mem_total_bytes) for v in views], dtype=np.int64)
         self._ids: dict[bytes, int] = {}
         self.state_id = np.zeros(n, dtype=np.int64)
-        self._fill(views, kinds)
+        self._fill(views, flat, kinds)
+        # all of the node's GPUs are of one kind (any k idle GPUs leave the same shares by kind)
+        self.uniform = ((self.gmodel == self.gmodel[:, :1]) | (self.gmodel == self.no_gpu)).all(axis=1)
         self.log: list[int] = []  # rows changed, in order
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
         self._match_slots: dict[tuple[str | None, str | None], np.ndarray] = {}
 
-    def _fill(self, views: list[NodeView], kinds: dict[tuple[str, str], int]) -> None:
+    def _fill(self, views: list[NodeView], flat: list, kinds: dict[tuple[str, str], int]) -> None:
         """Every row at once, from the views: what refresh() copies from a row's NodeState
         (GpuState's properties, here as array arithmetic in the same order, so the same
         floats), written as whole arrays, and the same row keys and ids. One element at a
@@ -93,25 +91,29 @@ class Fleet:
         if n == 0:
             self._static = []
             return
-        raw = {k: [] for k in ("gmodel", "gindex", "total", "used", "util", "frac", "cvram", "excl", "shared", "over")}
-        for v in views:
-            xs = v.gpus
-            pad = [0] * (g - len(xs))
-            for key, values in (
-                    ("gmodel", [kinds[(x.vendor, x.model)] for x in xs]),
-                    ("gindex", [x.index for x in xs]),
-                    ("total", [int(x.vram_total_bytes) for x in xs]),
-                    ("used", [int(x.vram_used_measured_bytes) for x in xs]),
-                    ("util", [float(x.utilization_pct) for x in xs]),
-                    ("frac", [float(x.committed_fraction) for x in xs]),
-                    ("cvram", [int(x.committed_vram_bytes) for x in xs]),
-                    ("excl", [bool(x.exclusive) for x in xs]),
-                    ("shared", [int(x.shared_jobs) for x in xs]),
-                    ("over", [int(x.oversubscribed_jobs) for x in xs])):
-                raw[key].append(values + pad if pad else values)
-        a = {k: np.array(rows, dtype=np.float64 if k in ("util", "frac") else bool if k == "excl" else np.int64)
-             for k, rows in raw.items()}
-        present = np.arange(g)[None, :] < np.array([len(v.gpus) for v in views])[:, None]
+        # each attribute of every GPU (`flat`) read once, then put in its (row, slot): the
+        # rest stays 0, as a node with fewer GPUs than `width` has it
+        counts = np.array([len(v.gpus) for v in views], dtype=np.int64)
+        rows = np.repeat(np.arange(n), counts)
+        slots = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
+
+        def grid(values: list, dtype) -> np.ndarray:
+            out = np.zeros((n, g), dtype=dtype)
+            out[rows, slots] = np.array(values, dtype=dtype)
+            return out
+
+        f64, i64 = np.float64, np.int64
+        a = {"gmodel": grid([kinds[(x.vendor, x.model)] for x in flat], i64),
+             "gindex": grid([x.index for x in flat], i64),
+             "total": grid([int(x.vram_total_bytes) for x in flat], i64),
+             "used": grid([int(x.vram_used_measured_bytes) for x in flat], i64),
+             "util": grid([float(x.utilization_pct) for x in flat], f64),
+             "frac": grid([float(x.committed_fraction) for x in flat], f64),
+             "cvram": grid([int(x.committed_vram_bytes) for x in flat], i64),
+             "excl": grid([bool(x.exclusive) for x in flat], bool),
+             "shared": grid([int(x.shared_jobs) for x in flat], i64),
+             "over": grid([int(x.oversubscribed_jobs) for x in flat], i64)}
+        present = np.arange(g)[None, :] < counts[:, None]
         total, used, excl = a["total"], a["used"], a["excl"]
         self.gmodel[:] = np.where(present, a["gmodel"], self.no_gpu)
         self.gindex[:] = np.where(present, a["gindex"], -1)

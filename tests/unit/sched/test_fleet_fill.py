@@ -48,6 +48,8 @@ def test_the_fill_is_what_refreshing_every_row_writes(nodes):
     for name in ARRAYS:
         assert np.array_equal(getattr(fleet, name), filled[name]), name
     assert fleet._ids == ids  # no row got a key the fill had not made
+    # a node is uniform when its GPUs are all of one kind (none counts as one)
+    assert list(fleet.uniform) == [len({(x.vendor, x.model) for x in v.gpus}) <= 1 for v in fleet.states._views]
 
 
 def test_equal_nodes_share_a_state_id_and_a_differing_one_does_not():
