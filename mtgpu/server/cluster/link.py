@@ -440,22 +440,27 @@ class ClusterLink:
         return found
 
     def handle_report(self, payload: dict) -> dict:
-        self.check_cluster_id(str(payload.get("node")), payload.get("cluster_id"))
-        tel = NodeTelemetry(gpus=[GpuInfo.from_dict(g) for g in payload.get("gpus", [])],
-                            host=HostInfo.from_dict(payload["host"]) if payload.get("host") else None,
-                            reported_at=self.member.clock(), heard_mono=time.monotonic())
-        news = self.member.scheduler.report(payload["node"], tel)
-        if not self.store.is_leader():
+        """On the scheduler: keep a member's telemetry report; the answer tells the member
+        whether it is in touch (see report_once). Every member calls it each second."""
+        name = payload["node"]
+        if payload.get("cluster_id") != self.config.CLUSTER_ID:
+            self.check_cluster_id(str(name), payload.get("cluster_id"))
+        host = payload.get("host")
+        tel = NodeTelemetry([GpuInfo.from_dict(g) for g in payload.get("gpus", ())],
+                            HostInfo.from_dict(host) if host else None, self.member.clock(), time.monotonic())
+        news = self.member.scheduler.report(name, tel)
+        store = self.store
+        if not store.is_leader():
             # A member that still takes us for the scheduler must not count itself in touch.
             raise ReplicationError("this member does not schedule (any more); ask the cluster who does")
-        age = self.store.majority_heard_age_s()
+        age = store.majority_heard_age_s()
         if age > MAJORITY_STALE_S:
             raise ReplicationError(f"this scheduler has not heard a majority of the voters for {age:.1f}s")
-        self.keeper.on_report(payload["node"], payload.get("raft"))
+        commit = store.commit_index()
+        self.keeper.on_report(name, payload.get("raft"), commit)
         if news:
             self.member.wake()
-        return {"ok": True, "voters": self.store.voters(), "term": self.store.term(),
-                "commit": self.store.commit_index(), "majority_age_s": age}
+        return {"ok": True, "voters": store.voters(), "term": store.term(), "commit": commit, "majority_age_s": age}
 
     def in_touch(self) -> bool:
         """Whether this member hears the cluster: it leads with a quorum, or the

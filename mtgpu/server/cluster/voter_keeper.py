@@ -43,7 +43,7 @@ CAUGHT_UP_ENTRIES = 2000  # a replica this close behind the commit index counts 
 CONNECT_WITHIN_S = 2.5   # a new voter must link up before the leader's quorum check gives up (3 s)
 
 
-@dataclass
+@dataclass(slots=True)
 class RoleReport:
     voter: bool
     caught_up: bool
@@ -64,15 +64,14 @@ class VoterKeeper:
         self.lock = threading.Lock()  # one membership change at a time, also an admin's removal
 
     # ------------------------------------------------------------ what members say
-    def on_report(self, name: str, raft: dict | None) -> None:
+    def on_report(self, name: str, raft: dict | None, commit: int) -> None:
+        """Keep what a member's report says of its replica (`commit`: the scheduler's
+        commit index as it answers)."""
         if not raft:
             return
-        store = self.link.store
-        applied = int(raft.get("applied", 0))
-        self.roles[name] = RoleReport(voter=bool(raft.get("voter")),
-                                      caught_up=bool(raft.get("caught_up")), generation=int(raft.get("generation", 0)),
-                                      boot=str(raft.get("boot", "")), lag=store.commit_index() - applied,
-                                      at=time.monotonic())
+        self.roles[name] = RoleReport(bool(raft.get("voter")), bool(raft.get("caught_up")),
+                                      int(raft.get("generation", 0)), str(raft.get("boot", "")),
+                                      commit - int(raft.get("applied", 0)), time.monotonic())
 
     def _current(self, name: str, r: RoleReport) -> bool:
         """Whether a report was sent after the member's last role change we caused
