@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 
 
+WRITE_STEP_MAX_S = 0.5
+
+
 def lease_s(down_after_s: float) -> float:
     """How long a job may run on past its member's lease moment: one second (at most
     half) less than MEMBER_DOWN_AFTER_S, margin for the shim's 0.2 s check and the kill
@@ -65,9 +68,12 @@ class Lease:
         self._at = at
 
     def renew(self, at: float) -> None:
-        """Move the lease moment forward to `at` (monotonic seconds); never backward."""
+        """Move the lease moment forward to `at` (monotonic seconds); never backward. The
+        file is written once the moment moved by a twentieth of `timeout_s` (at most 0.5 s):
+        the scheduler's member renews at every tick, five times a second, and a lease the
+        shims read a little older only makes them kill a little sooner, never later."""
         with self._lock:
-            if self._at is None or at > self._at:
+            if self._at is None or at >= self._at + min(WRITE_STEP_MAX_S, self.timeout_s / 20):
                 self._write(at)
 
     @property

@@ -35,6 +35,20 @@ def test_renewing_moves_the_lease_forward_only(tmp_path):
     assert 1.0 <= age < 60.0
 
 
+def test_the_file_follows_once_the_moment_moved_a_twentieth_of_the_timeout(tmp_path):
+    lease = Lease(tmp_path / "lease", 7.0)  # a step of 0.35 s
+    at = time.monotonic() - 3.0
+    lease.renew(at)
+    lease.renew(at + 0.2)  # the next tick: not written, the file keeps the older moment
+    assert lease.at == at and abs(Lease(tmp_path / "lease", 7.0).at - at) < 1e-5
+    lease.renew(at + 0.4)
+    assert lease.at == at + 0.4 and abs(Lease(tmp_path / "lease", 7.0).at - (at + 0.4)) < 1e-5
+    long = Lease(tmp_path / "long", 60.0)  # at most half a second, whatever the timeout
+    long.renew(at)
+    long.renew(at + 0.5)
+    assert long.at == at + 0.5
+
+
 def test_a_restart_keeps_the_lease_of_the_jobs_it_reattaches(tmp_path):
     first = Lease(tmp_path / "lease", 7.0)
     at = time.monotonic() - 2.0
