@@ -237,3 +237,15 @@ def test_reports_in_pieces_chunked_pipelined_or_oddly_framed_are_taken_or_refuse
     status = answers(s, 1)[0][0]
     assert status == 400 and [p["seq"] for p in link.taken] == [1, 2, 3, 4, 5]
     s.close()
+    # a line that is no header: the parser's, which refuses it
+    s = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    g, body_g = raw_report(signer, 7, f"no colon here\r\ncontent-length: {len(report(7))}\r\n\r\n")
+    s.sendall(g + body_g)
+    assert answers(s, 1)[0][0] == 400 and [p["seq"] for p in link.taken] == [1, 2, 3, 4, 5]
+    s.close()
+    # names in any case, values with blanks around them, the first of a repeated signed header
+    s = socket.create_connection(("127.0.0.1", served.port), timeout=10)
+    h, body_h = raw_report(signer, 8, f"Content-Length:  {len(report(8))} \r\nX-Mtgpu-Node: other\r\n\r\n")
+    s.sendall(h.replace(b"x-mtgpu-signature:", b"X-MTGPU-Signature:") + body_h)
+    assert answers(s, 1) == [(200, {"ok": True, "commit": 6})] and link.taken[-1]["seq"] == 8
+    s.close()

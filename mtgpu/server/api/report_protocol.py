@@ -165,12 +165,13 @@ def report_protocol(link) -> type:
                 body = orjson.dumps(content)
             except TypeError:  # an integer over 64 bits, say: the slower encoder writes it
                 body = json.dumps(content, ensure_ascii=False, separators=(",", ":"), default=str).encode()
-            lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"")),
-                     b"content-type: application/json", b"content-length: %d" % len(body)]
-            lines += [f"{k.lower()}: {v}".encode("latin-1") for k, v in extra.items()]
+            head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % (
+                status, _REASONS.get(status, b""), len(body))
+            for k, v in extra.items():
+                head += b"%s: %s\r\n" % (k.lower().encode("latin-1"), v.encode("latin-1"))
             if not keep_alive:
-                lines.append(b"connection: close")
-            self.transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+                head += b"connection: close\r\n"
+            self.transport.write(head + b"\r\n" + body)
             self.server_state.total_requests += 1
             if not keep_alive:
                 self.transport.close()
