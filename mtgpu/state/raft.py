@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 # has caught up.
 ELECTION_TIMEOUTS = (0.35, 0.8)
 JOINING_ELECTION_TIMEOUTS = (1.5, 2.0)  # at most connectionTimeout (pysyncobj checks)
+LEADER_FACTS_S = 0.01  # how old leader_facts() may be (elections take 0.35 s at least)
 
 
 def raft_password(secret: str, cluster_id: str) -> str:
@@ -122,6 +123,7 @@ class RaftState:
         self._role_lock = threading.Lock()
         self._tick_jobs: collections.deque = collections.deque()
         self._reopening = False
+        self._facts: tuple | None = None  # leader_facts(): (when, leading, majority heard at, voters, term)
         self._frozen: tuple[StateMachine, int] | None = None  # (the old state, its last applied index)
         self.generation = 0  # how many times the replica reopened in another role since this start
         self.boot = secrets.token_hex(6)  # tells this start's generations from an earlier start's
@@ -315,14 +317,30 @@ class RaftState:
         answered it; a leader cut off from its followers sees this grow from its last
         exchange with them, before it knows it lost the lead. (Reads pysyncobj's record
         of each follower's last response; a single voter is its own majority.)"""
+        now = time.monotonic()
+        return max(0.0, now - self._majority_heard_at(now))
+
+    def _majority_heard_at(self, now: float) -> float:
         sync = self._sync
         others = list(sync.otherNodes)
         need = (len(others) + 1) // 2  # answers needed besides its own
         if need == 0:
-            return 0.0
+            return now
         heard = getattr(sync, "_SyncObj__lastResponseTime", None) or {}
         times = sorted((heard.get(n, 0.0) for n in others), reverse=True)
-        return max(0.0, time.monotonic() - times[need - 1])
+        return times[need - 1]
+
+    def leader_facts(self) -> tuple[bool, float, list[str], int]:
+        """(whether it leads with a quorum, the monotonic moment a majority of the voters
+        last answered it, the voters, the term), as of at most LEADER_FACTS_S ago: what
+        the scheduler answers every member's report with, a thousand times a second at a
+        thousand members. The moment is never later than the truth, so an age measured
+        from it is never shorter (the members' lease stays on the safe side)."""
+        now = time.monotonic()
+        facts = self._facts
+        if facts is None or now - facts[0] > LEADER_FACTS_S:
+            facts = self._facts = (now, self.is_leader(), self._majority_heard_at(now), self.voters(), self.term())
+        return facts[1], facts[2], facts[3], facts[4]
 
     def leader_address(self) -> str | None:
         leader = self._sync._getLeader()

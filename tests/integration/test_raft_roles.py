@@ -136,3 +136,31 @@ def test_the_leader_knows_how_long_ago_a_majority_answered_it(tmp_path):
         for s in stores:
             with contextlib.suppress(Exception):
                 s.close()
+
+
+def test_leader_facts_are_the_leaders_own_and_never_make_the_majority_fresher(tmp_path):
+    """What the scheduler answers each report with (RaftState.leader_facts, kept up to
+    10 ms): its lead, voters and term, and a moment a majority answered that is never
+    later than the one read now; a voter that stopped leading says so within that time."""
+    secret = secrets.token_urlsafe(48)
+    addrs = [f"127.0.0.1:{free_port_pair()}" for _ in range(3)]
+    stores = [RaftState(tmp_path / str(i), a, addrs, secret) for i, a in enumerate(addrs)]
+    try:
+        leader = leader_of(stores)
+        for _ in range(50):
+            leading, heard_at, voters, term = leader.leader_facts()
+            assert leading and voters == leader.voters() == sorted(addrs) and term == leader.term()
+            age_now = leader.majority_heard_age_s()  # read after the facts, so never shorter by the truth
+            assert time.monotonic() - heard_at >= age_now
+            time.sleep(0.003)
+        follower = next(s for s in stores if s is not leader)
+        assert not follower.leader_facts()[0]
+        # the leader alone: within a few facts' lifetimes it no longer claims the lead
+        for s in stores:
+            if s is not leader:
+                s.close()
+        wait_for("the lone leader to stop claiming the lead", lambda: not leader.leader_facts()[0], timeout_s=30)
+    finally:
+        for s in stores:
+            with contextlib.suppress(Exception):
+                s.close()

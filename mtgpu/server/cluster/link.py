@@ -446,21 +446,23 @@ class ClusterLink:
         if payload.get("cluster_id") != self.config.CLUSTER_ID:
             self.check_cluster_id(str(name), payload.get("cluster_id"))
         host = payload.get("host")
+        mono = time.monotonic()
         tel = NodeTelemetry([GpuInfo.from_dict(g) for g in payload.get("gpus", ())],
-                            HostInfo.from_dict(host) if host else None, self.member.clock(), time.monotonic())
+                            HostInfo.from_dict(host) if host else None, self.member.clock(), mono)
         news = self.member.scheduler.report(name, tel)
         store = self.store
-        if not store.is_leader():
+        leading, heard_at, voters, term = store.leader_facts()
+        if not leading:
             # A member that still takes us for the scheduler must not count itself in touch.
             raise ReplicationError("this member does not schedule (any more); ask the cluster who does")
-        age = store.majority_heard_age_s()
+        age = max(0.0, mono - heard_at)
         if age > MAJORITY_STALE_S:
             raise ReplicationError(f"this scheduler has not heard a majority of the voters for {age:.1f}s")
         commit = store.commit_index()
         self.keeper.on_report(name, payload.get("raft"), commit)
         if news:
             self.member.wake()
-        return {"ok": True, "voters": store.voters(), "term": store.term(), "commit": commit, "majority_age_s": age}
+        return {"ok": True, "voters": voters, "term": term, "commit": commit, "majority_age_s": age}
 
     def in_touch(self) -> bool:
         """Whether this member hears the cluster: it leads with a quorum, or the
