@@ -31,12 +31,12 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.2
 TELEMETRY_EVERY_S = 1.0
-# Passes take at most about a twentieth of a core: after a pass that used C seconds of CPU
+# Passes take at most about a fortieth of a core: after a pass that used C seconds of CPU
 # the next one starts PASS_REST_PER_CPU x C later at the earliest, never more than
-# PASS_REST_MAX_S. A pass over a few nodes uses a millisecond (the next may start 19 ms
-# later); over a thousand nodes x 8 GPUs some 50 ms, and jobs submitted meanwhile are
+# PASS_REST_MAX_S. A pass over a few nodes uses a millisecond (the next may start 39 ms
+# later); over a thousand nodes x 8 GPUs some 15-30 ms, and jobs submitted meanwhile are
 # placed together by the next pass, within a second (docs/SCHEDULING.md).
-PASS_REST_PER_CPU = 19.0
+PASS_REST_PER_CPU = 39.0
 PASS_REST_MAX_S = 1.0
 
 
@@ -150,7 +150,7 @@ class Member:
                 # A pass over a long queue is costly: leave the CPU to the API and the
                 # replication for twice as long as the pass took, five times when it
                 # placed nothing (the queue waits for capacity), bounded by a tick; and
-                # keep passes to about 5% of a core (PASS_REST_PER_CPU).
+                # keep passes to about 2.5% of a core (PASS_REST_PER_CPU).
                 spent, cpu = time.monotonic() - t0, time.thread_time() - cpu0
                 rest = max(min(TICK_S, (2 if self.scheduler.placements > placed else 5) * spent),
                            min(PASS_REST_MAX_S, PASS_REST_PER_CPU * cpu))
