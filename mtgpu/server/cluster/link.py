@@ -443,8 +443,7 @@ class ClusterLink:
         """On the scheduler: keep a member's telemetry report; the answer tells the member
         whether it is in touch (see report_once). Every member calls it each second."""
         name = payload["node"]
-        if payload.get("cluster_id") != self.config.CLUSTER_ID:
-            self.check_cluster_id(str(name), payload.get("cluster_id"))
+        self.check_cluster_id(name, payload.get("cluster_id"))
         host = payload.get("host")
         mono = time.monotonic()
         tel = NodeTelemetry([GpuInfo.from_dict(g) for g in payload.get("gpus", ())],
