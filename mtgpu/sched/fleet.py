@@ -34,11 +34,11 @@ class NodeStates:
         return len(self._views)
 
     def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self._views)))]
         st = self._made[i]
         if st is None:
             st = self._made[i] = NodeState(self._views[i])
-        elif type(st) is list:  # a slice
-            return [self[k] for k in range(*i.indices(len(self._views)))]
         return st
 
     def __iter__(self) -> Iterator[NodeState]:
