@@ -158,23 +158,38 @@ def seq_shown(gpu0_utilization_pct: float) -> int:
 
 
 # ---------------------------------------------------------------- the generator process
-class Connection(asyncio.Protocol):
+class _Wire(asyncio.Protocol):
+    """One TCP connection of a Connection: its bytes and its end reach that Connection only
+    while it is the current one (a connection closed after a timeout may still deliver
+    its end after the next one opened)."""
+
+    def __init__(self, owner: "Connection") -> None:
+        self.owner = owner
+
+    def data_received(self, data: bytes) -> None:
+        if self.owner.wire is self:
+            self.owner.received(data)
+
+    def connection_lost(self, exc) -> None:
+        if self.owner.wire is self:
+            self.owner.lost()
+
+
+class Connection:
     """One member's keep-alive HTTP/1.1 connection to the scheduler, sending the headers
-    its httpx client sends (`defaults`: httpx.Client().headers). A protocol on the event
+    its httpx client sends (`defaults`: httpx.Client().headers). Protocols on the event
     loop, not asyncio's streams: the generators must cost less than the scheduler they
     measure (5,000 members on two cores)."""
 
     def __init__(self, host: str, port: int, defaults: dict[str, str] | None = None) -> None:
         self.host, self.port = host, port
         self.defaults = "".join(f"{k}: {v}\r\n" for k, v in (defaults or {}).items())
+        self.wire: _Wire | None = None
         self.transport: asyncio.Transport | None = None
         self.buf = b""
         self.waiter: asyncio.Future | None = None
 
-    def connection_made(self, transport) -> None:
-        self.transport, self.buf = transport, b""
-
-    def data_received(self, data: bytes) -> None:
+    def received(self, data: bytes) -> None:
         self.buf += data
         end = self.buf.find(b"\r\n\r\n")
         if end < 0 or self.waiter is None or self.waiter.done():
@@ -188,20 +203,27 @@ class Connection(asyncio.Protocol):
         data, self.buf = self.buf[end + 4:stop], self.buf[stop:]
         self.waiter.set_result((int(raw[9:12]), data, b"\r\nconnection: close" in raw))
 
-    def connection_lost(self, exc) -> None:
-        self.transport = None
+    def lost(self) -> None:
+        self.wire = self.transport = None
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(ConnectionResetError("the scheduler closed the connection"))
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-        self.transport = None
+        self.wire = self.transport = None
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         loop = asyncio.get_running_loop()
-        if self.transport is None or self.transport.is_closing():
-            await loop.create_connection(lambda: self, self.host, self.port)
+        if self.transport is None:
+            self.buf = b""
+            self.wire = _Wire(self)
+            wire = self.wire
+            transport, _ = await loop.create_connection(lambda: wire, self.host, self.port)
+            if self.wire is not wire:  # lost (or closed) while it opened
+                transport.close()
+                raise ConnectionResetError("the scheduler closed the connection as it opened")
+            self.transport = transport
         head = (f"POST {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n{self.defaults}"
                 f"content-length: {len(body)}\r\ncontent-type: application/json\r\n"
                 + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n")
