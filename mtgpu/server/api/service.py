@@ -267,17 +267,20 @@ class MemberService:
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's
         telemetry; a member that does not schedule asks the one that does)."""
-        problem = self.member.link.quorum_problem()
-        if not self.member.is_scheduler() and problem is None:
+        standing = self.member.link.standing()
+        if not self.member.is_scheduler() and standing.in_touch:
             remote = self.member.link.leader_nodes()
             if remote is not None:
                 return remote
         view = self.nodes_view()
-        if problem:
+        if not standing.in_touch:
             for n in view:  # the last committed roles and states are not the current ones
                 if n["name"] != self.node_name:
-                    n["state"], n["reason"] = "unknown", problem
-                n["role"] += "?" if n["name"] != self.node_name else ""
+                    n["state"], n["reason"] = "unknown", standing.problem
+                    n["role"] += "?"
+                else:  # its own: cut off since when, and what still works here
+                    n["role"], n["state"] = standing.role(n["role"]), standing.health
+                    n["reason"], n["standing"] = standing.reason, standing.to_json()
         return view
 
     def nodes_view(self) -> list[dict]:
@@ -385,6 +388,7 @@ class MemberService:
             "next_job_id": self.store.machine.next_job_id,  # moves only when a submission is recorded
             "last_placement_at": self.member.scheduler.last_placement_at,
             "raft": self.member.link.raft_info(),
+            "standing": self.member.link.standing().to_json(),
             "directlink": self.directlink.summary() if self.directlink is not None else None,
         }
 

@@ -28,7 +28,7 @@ import os
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -43,6 +43,7 @@ from ...state.raft import RaftState
 from ...state.store import ReplicationError, commit
 from .addresses import advertised, api_address, raft_address
 from .signer import Signer
+from .standing import Facts, Standing, decide
 from .errors import ClusterSetupError, LogUnavailable
 from ..member.runtime import Member
 from ..member.view import NodeTelemetry
@@ -122,6 +123,8 @@ class ClusterLink:
         self._role_term = 0            # the newest term a role change came from (kept across reopens)
         self._no_leader_since = 0.0
         self._found_leader: tuple[float, str | None] = (0.0, None)
+        self._started_at = time.monotonic()
+        self._majority_heard_at = 0.0  # monotonic: a majority of the voters last answered this member as leader
 
     # ------------------------------------------------------------ requests between members
     def call(self, address: str, method: str, path: str, payload: dict | None = None, timeout_s: float = 3.0):
@@ -471,33 +474,42 @@ class ClusterLink:
             return True
         return time.monotonic() - self._last_report_ok < 3 * REPORT_EVERY_S
 
+    def standing(self) -> Standing:
+        """In touch, or cut off since when and what still works here (standing.py)."""
+        now = time.monotonic()
+        leads = self.store.is_leader()
+        if leads:
+            self._heard_majority(now - self.store.majority_heard_age_s())
+        lease = self.member.lease if self.member is not None else None
+        facts = Facts(self.node_name, now, time.time(), leads, self._majority_heard_at, self._last_report_ok,
+                      self._started_at, MAJORITY_STALE_S, 3 * REPORT_EVERY_S,
+                      lease.at + lease.timeout_s if lease is not None and lease.at else None)
+        standing = decide(facts)
+        if standing.in_touch:
+            return standing
+        with self.store.lock:
+            here = sum(1 for j in self.store.machine.running_jobs()
+                       if any(a.node == self.node_name for a in j.allocations))
+        return decide(replace(facts, jobs_here=here))
+
+    def _heard_majority(self, at: float) -> None:
+        if at > self._majority_heard_at:
+            self._majority_heard_at = at
+
     def quorum_problem(self) -> str | None:
         """None while this member hears the cluster (it schedules with a majority, or the
         scheduler took one of its reports lately); else what it cannot reach and since
         when, so that a view of its replica is not taken for the cluster's current state."""
-        now = time.monotonic()
-        if self.store.is_leader():
-            age = self.store.majority_heard_age_s()
-            if age <= MAJORITY_STALE_S:
-                return None
-            return (f"{self.node_name} schedules but has not heard a majority of the voters for {age:.0f}s: it "
-                    "places nothing, and what is shown is its last state, maybe out of date")
-        if self.in_touch():
-            return None
-        if self._last_report_ok:
-            since = time.strftime("%H:%M:%S", time.localtime(time.time() - (now - self._last_report_ok)))
-            when = f"since {since} ({now - self._last_report_ok:.0f}s)"
-        else:
-            when = "since it started"
-        return (f"no scheduler reachable from {self.node_name} {when}: what is shown is the last state it knew, "
-                "maybe out of date (members, roles and jobs); a majority of the voters must be up for the cluster "
-                "to place work")
+        return self.standing().problem
 
     def renew_lease(self) -> None:
         """The scheduler's member renews its jobs' lease from its last word with a
         majority; the others renew it when a report is taken (report_once)."""
-        if self.member.lease is not None and self.store.is_leader():
-            self.member.lease.renew(time.monotonic() - self.store.majority_heard_age_s())
+        if self.store.is_leader():
+            at = time.monotonic() - self.store.majority_heard_age_s()
+            self._heard_majority(at)
+            if self.member.lease is not None:
+                self.member.lease.renew(at)
 
     def in_sync(self) -> bool:
         """Whether this member reads the cluster's current state, so that its agent may

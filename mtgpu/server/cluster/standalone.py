@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import ClusterSetupError, LogUnavailable
+from .standing import Standing
 
 
 class Link(Protocol):
@@ -41,6 +42,10 @@ class Link(Protocol):
 
     def quorum_problem(self) -> str | None:
         """None while this member hears the cluster; else why what it shows may be stale."""
+        ...
+
+    def standing(self) -> Standing:
+        """In touch, or cut off since when and what still works there (standing.py)."""
         ...
 
     async def open_log(self, node_name: str, job_id: int, offset: int, tail_lines: int | None, rank: int):
@@ -82,6 +87,9 @@ class StandaloneLink:
 
     def quorum_problem(self) -> str | None:
         return None
+
+    def standing(self) -> Standing:
+        return Standing(True)  # it is its own majority
 
     def leader_nodes(self) -> list[dict] | None:
         return None
