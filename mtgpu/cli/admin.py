@@ -15,6 +15,7 @@ from ..client.local import LocalClient, find_socket
 from ..model.tenant import SHARE_HELP, validate_share
 from ..model.units import UnitError, parse_size
 from .common import err, fail, give_link, out, print_json, print_jobs_table, request, size, when
+from .nodes_table import node_notes, nodes_table
 from .usage import checked, print_report, since_option, until_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -31,21 +32,9 @@ def nodes_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     if json_out:
         print_json(nodes)
         return
-    table = Table("NODE", "ROLE", "STATE", "CPUS", "MEM", "GPU", "MODEL", "VRAM USED", "UTIL", "COMMITTED", box=None)
-    for n in nodes:
-        first = True
-        for g in n["gpus"] or [None]:
-            head = (n["name"], n["role"], n["state"] + (f" ({n['reason']})" if n["reason"] else ""),
-                    f"{n['cpus_committed']:g}/{n['cpus']:g}", f"{size(n['mem_committed_bytes'])}/{size(n['mem_total_bytes'])}")
-            row = head if first else ("",) * 5
-            if g is None:
-                table.add_row(*row, "-", "-", "-", "-", "-")
-            else:
-                table.add_row(*row, str(g["index"]), g["model"], f"{size(g['vram_used_bytes'])}/{size(g['vram_total_bytes'])}",
-                              f"{g['utilization_pct']:.0f}%",
-                              "exclusive" if g["exclusive"] else f"{g['committed_fraction']:g} ({size(g['committed_vram_bytes'])})")
-            first = False
-    out.print(table)
+    out.print(nodes_table(nodes))
+    for line in node_notes(nodes, out.width):
+        out.print(line, markup=False)
     for n in nodes:
         c = n.get("containers")
         if c is None:

@@ -12,11 +12,18 @@ from .plan import StepFailed
 
 
 def role_of(health: dict) -> str:
-    """standalone, leader or follower (a non-voting member is a follower too), from /v1/health."""
+    """standalone, leader or follower (a non-voting member is a follower too), from /v1/health;
+    marked when the member is cut off from its cluster: "leader (no majority)" for a scheduler
+    that lost the majority of the voters (whether or not Raft still calls it the leader),
+    "follower (no scheduler)" for a member that reaches no scheduler."""
     if health.get("cluster_mode") != "cluster":
         return "standalone"
     raft = health.get("raft") or {}
-    return "leader" if raft.get("is_leader") else "follower"
+    lost = (health.get("standing") or {}).get("lost")
+    if lost == "majority":
+        return "leader (no majority)"
+    role = "leader" if raft.get("is_leader") else "follower"
+    return f"{role} (no scheduler)" if lost == "scheduler" else role
 
 
 def health(socket_path: Path, timeout_s: float = 3.0) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import textwrap
 from pathlib import Path
 
 from ..config import ConfigError, load_config
@@ -58,7 +59,8 @@ def gather_status(root: Path, config: Path | None = None, venv: Path | None = No
         raft = health.get("raft") or {}
         doc["node"] = {"answers": True, "error": None, "name": health.get("node"), "pid": health.get("pid"),
                        "role": role_of(health), "voter": raft.get("voter"), "cluster_id": health.get("cluster_id"),
-                       "scheduler": health.get("scheduler"), "version": health.get("version")}
+                       "scheduler": health.get("scheduler"), "version": health.get("version"),
+                       "standing": health.get("standing")}
     doc["exit"] = RUNNING if pid and health else (NOT_ANSWERING if pid else NOT_RUNNING)
     return doc
 
@@ -74,6 +76,7 @@ def status_lines(doc: dict) -> list[str]:
     if n["answers"]:
         lines.append(f"node:     {n['name']} answers (pid {n['pid']}) on {c.get('socket')}")
         lines.append(f"role:     {n['role']}" + (f" of the cluster {n['cluster_id']}" if n.get("cluster_id") else ""))
+        lines += standing_lines(n.get("standing"))
         lines.append(f"version:  {n['version']} (environment {e['venv']}: {e['version'] or 'no mtgpu'})")
     elif n["error"]:
         lines.append(f"node:     does not answer ({n['error']})")
@@ -82,4 +85,24 @@ def status_lines(doc: dict) -> list[str]:
     if not n["answers"]:
         lines.append(f"version:  environment {e['venv']}: {e['version'] or 'no mtgpu'}")
     lines.append(f"config:   {c['path']}" + ("" if c["valid"] else f": {c['problem']}"))
+    return lines
+
+
+def standing_lines(standing: dict | None, width: int = 80) -> list[str]:
+    """The node's health: `up`, or `degraded` with since when it is cut off from its cluster,
+    what still works there and what does not (server/cluster/standing.py); none from a node
+    too old to say."""
+    if not standing:
+        return []
+    if standing.get("in_touch", True):
+        return [f"health:   {standing.get('health', 'up')}"]
+    indent = " " * 10
+
+    def wrap(text: str, first: str, rest: str = indent) -> list[str]:
+        return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+    lines = wrap(f"{standing.get('health', 'degraded')}: {standing.get('problem')}", "health:   ")
+    for title, key in (("works:", "works"), ("fails:", "fails")):
+        for i, item in enumerate(standing.get(key) or ()):
+            lines += wrap(item, (title if i == 0 else "").ljust(10) + "- ", indent + "  ")
     return lines
