@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..model.gpu import GpuInfo, HostInfo
-from .runners.base import NEVER_STARTED, RUNNING, Launch, LocalRun, Runner
+from .procs import boot_id
+from .runners.base import NEVER_STARTED, RUNNING, UNSUPERVISED, Launch, LocalRun, Runner
 from .podman.cdi import make_sim_nodes, remove_sim_nodes, spec_name
 from .podman.setup import ContainerSettings, ContainerSetup, open_containers
 from .podman.tenant import PodmanHost
@@ -36,7 +37,7 @@ class Reattach:
 
     job_id: int
     attempt: int
-    outcome: str  # runners.base: RUNNING, ENDED, NEVER_STARTED or LOST
+    outcome: str  # runners.base: RUNNING, UNSUPERVISED, ENDED, NEVER_STARTED or LOST
 
 
 class LocalAgent:
@@ -195,7 +196,8 @@ class LocalAgent:
         """The run folder of an earlier attempt of this job: make sure nothing of it
         still runs, then remove it."""
         try:
-            if self.runner.load_state(job_id, self._load(self._dir / f"{job_id}.json").get("runner") or {}) == RUNNING:
+            state = self._load(self._dir / f"{job_id}.json").get("runner") or {}
+            if self.runner.load_state(job_id, state) in (RUNNING, UNSUPERVISED):
                 self.runner.stop(job_id, grace_s=1.0)
             self.runner.forget(job_id)
         except OSError as e:
@@ -272,11 +274,3 @@ class LocalAgent:
             cgroups.release()
         self.backend.close()
 
-
-def boot_id() -> str:
-    """This boot of the machine (a monotonic moment means something only within one)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""

@@ -19,6 +19,19 @@ import psutil
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str:
+    """This boot of the machine ("" where the kernel does not say): a pid, a start time
+    since boot or a monotonic moment means something only within one boot."""
+    try:
+        with open(BOOT_ID_PATH) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def ticks_to_since_boot(ticks: int | float) -> float:
     """A start time in clock ticks since boot (field 22 of /proc/PID/stat), in seconds."""
     return float(ticks) * _TICK_S

@@ -54,10 +54,10 @@ class Runners:
         self.made: list[NativeRunner] = []
         self.cgroup_bases: set[Path] = set()
 
-    def new(self, *, cgroups: bool = True) -> NativeRunner:
+    def new(self, *, cgroups: bool = True, **kw) -> NativeRunner:
         """A runner; with cgroups=False one that behaves as on a machine without writable
         cgroups (setrlimit, process group and /proc marker scan only)."""
-        r = NativeRunner(self.state_dir, cgroup_parent=self.cgroup_parent)
+        r = NativeRunner(self.state_dir, cgroup_parent=self.cgroup_parent, **kw)
         self.cgroup_bases |= set(r.cgroups.bases.values())
         if not cgroups:
             r.cgroups.unavailable.update({c: "disabled by the test" for c in r.cgroups.bases})
@@ -286,7 +286,8 @@ def test_reattach_without_the_persisted_state_still_finds_and_stops_the_job(runn
     del first._runs[1]
 
 
-def test_a_job_whose_shim_and_process_were_killed_is_lost(runners, tenant):
+def killed_with_its_shim(runners, tenant) -> dict:
+    """A job whose shim and process were SIGKILLed while the server was down: its state."""
     first = runners.new()
     first.start(make_launch(runners, tenant, "exec sleep 300\n"))
     state = wait_for("the job to exec sleep",
@@ -296,11 +297,44 @@ def test_a_job_whose_shim_and_process_were_killed_is_lost(runners, tenant):
     first._runs[1].shim.wait(timeout=5)
     wait_for("the job's process to die", lambda: not marked_pids(1, state["run_token"]))
     del first._runs[1]
+    return state
 
+
+def test_a_job_whose_shim_and_process_were_killed_in_this_boot_ended_unknown(runners, tenant):
+    state = killed_with_its_shim(runners, tenant)
     second = runners.new()
     assert second.load_state(1, state) == "lost"
     info = second.poll(1)
-    assert info is not None and info.exit_code is None and "lost" in info.reason
+    assert info is not None and info.unknown and not info.lost and not info.natural and info.exit_code is None
+    assert "was killed in this boot" in info.reason and "were gone too" in info.reason
+    assert "exit status is unknown" in info.reason
+
+
+def test_a_job_recorded_in_another_boot_was_killed_by_the_restart(runners, tenant):
+    state = killed_with_its_shim(runners, tenant)
+    second = runners.new(boot_id=lambda: "0" * 32)  # the machine restarted since the shim recorded its start
+    assert second.load_state(1, state) == "lost"
+    info = second.poll(1)
+    assert info is not None and info.lost and not info.unknown and "the machine restarted while it ran" in info.reason
+
+
+def test_a_job_that_outlived_its_killed_shim_is_watched_to_its_end_which_is_unknown(runners, tenant, tmp_path):
+    flag = Path(tenant.home) / f"flag-{secrets.token_hex(4)}"
+    first = runners.new()
+    first.start(make_launch(runners, tenant, f"while [ ! -e {flag} ]; do sleep 0.05; done\nexit 0\n"))
+    state = wait_for("the job to start", lambda: (s := first.get_state(1)).get("job_pid") and s)
+    os.kill(state["shim_pid"], signal.SIGKILL)  # the supervisor dies, the job runs on
+    first._runs[1].shim.wait(timeout=5)
+    del first._runs[1]
+    try:
+        second = runners.new()  # the server restarted
+        assert second.load_state(1, state) == "running-unsupervised"
+        assert second.poll(1) is None
+        Path(flag).touch()
+        info = wait_exit(second, 1)
+        assert info.unknown and info.exit_code is None and "ran on without it until" in info.reason
+    finally:
+        flag.unlink(missing_ok=True)
 
 
 def test_a_tenant_cannot_read_another_tenants_log(runners, runner, temp_user_factory):

@@ -54,8 +54,10 @@ class Launch:
 class ExitInfo:
     """How a job ended. `exit_code` is None when a signal killed it (then `signal` says which).
     `fenced`: the job's supervisor killed it because this member lost the cluster;
-    `stopped`: the agent stopped it; `lost`: its processes were gone with no exit record
-    (a reboot). None of these is an end of the job's own."""
+    `stopped`: the agent stopped it; `lost`: the machine restarted, which killed its
+    processes (none of these is an end of the job's own: it was interrupted);
+    `unknown`: its supervisor died in this boot and its processes ended with no exit
+    record: the job may well have run to its end, and how it ended is not known."""
 
     exit_code: int | None
     signal: int | None
@@ -63,11 +65,12 @@ class ExitInfo:
     fenced: bool = False
     stopped: bool = False
     lost: bool = False
+    unknown: bool = False
 
     @property
     def natural(self) -> bool:
         """The job ended by itself (its own exit, or a signal none of ours): its real outcome."""
-        return not (self.fenced or self.stopped or self.lost)
+        return not (self.fenced or self.stopped or self.lost or self.unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +83,12 @@ class LocalRun:
     started_mono: float | None = None  # when it started here, on this boot's monotonic clock
 
 
-# What load_state found of a run after a restart.
+# What load_state found of a run after a restart. UNSUPERVISED: its processes run, its
+# supervisor (shim) is gone, so its exit status cannot be collected; LOST: its processes
+# are gone with no exit record (poll says whether a reboot killed them or how they ended
+# is unknown).
 RUNNING, ENDED, NEVER_STARTED, LOST = "running", "ended", "never-started", "lost"
+UNSUPERVISED = "running-unsupervised"
 
 
 class RunnerError(RuntimeError):
@@ -106,8 +113,9 @@ class Runner(Protocol):
 
     def load_state(self, job_id: int, state: dict) -> str:
         """Re-attach after a restart: RUNNING, ENDED (its exit record is there), NEVER_STARTED
-        (no instruction of the job ran: it may be started again) or LOST (it ran, and its
-        processes are gone with no exit record)."""
+        (no instruction of the job ran: it may be started again), UNSUPERVISED (its
+        processes run, its supervisor is gone) or LOST (it ran, and its processes are gone
+        with no exit record)."""
         ...
 
     def enforced(self, job_id: int) -> dict:

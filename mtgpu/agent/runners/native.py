@@ -21,10 +21,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from mtgpu.agent import procs
-from mtgpu.agent.runners.base import (ENDED, LOST, NEVER_STARTED, RUNNING, SLURM_BIN_DIR, ExitInfo, Launch,
-                                      RunnerError)
+from mtgpu.agent.runners.base import (ENDED, LOST, NEVER_STARTED, RUNNING, SLURM_BIN_DIR, UNSUPERVISED, ExitInfo,
+                                      Launch, RunnerError)
 from mtgpu.agent.runners.cgroups import CgroupManager, gpu_device_nodes
 
 SHIM_PATH = str(Path(__file__).with_name("shim.py"))
@@ -36,6 +37,10 @@ def _alive(pid: int | None, ticks: int | None) -> bool:
     """The process `pid` that the shim recorded as started at `ticks` (clock ticks since
     boot) still runs: not a reused PID, not a zombie."""
     return ticks is not None and procs.same_process(pid, procs.ticks_to_since_boot(ticks))
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
 def _read_json(path: Path) -> dict | None:
@@ -92,6 +97,8 @@ class _Run:
     shim: subprocess.Popen | None = None  # only when this instance started it
     exit: ExitInfo | None = None
     stopped: bool = False
+    # when this runner first saw the job's processes run on without their shim (wall clock)
+    unsupervised_since: float | None = None
 
     @property
     def job_dir(self) -> Path:
@@ -102,8 +109,12 @@ class NativeRunner:
     """Runner for native jobs (see base.Runner)."""
 
     def __init__(self, state_dir: Path, *, cgroup_parent: str = "mtgpu", pids_max: int = 4096,
-                 cgroups: CgroupManager | None = None):
+                 cgroups: CgroupManager | None = None, boot_id: Callable[[], str] = procs.boot_id):
+        """`boot_id`: this boot of the machine (procs.boot_id), compared with the one the
+        shim recorded at the start: a run with no exit record was killed by a reboot only
+        when they differ."""
         self.state_dir = Path(state_dir)
+        self.boot_id = boot_id
         self.runs_dir = self.state_dir  # job dirs: state_dir/<job_id>
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.runs_dir, 0o700)
@@ -308,14 +319,39 @@ class NativeRunner:
         if info is None:
             child = self._child(run)
             if _alive(child.get("pid"), child.get("starttime")):
+                if run.unsupervised_since is None:
+                    run.unsupervised_since = time.time()
                 return None  # the shim died, the job itself still runs
-            why = "stopped; the runner shim was killed before it recorded the exit" if run.stopped else \
-                "lost: the runner shim ended without an exit record"
-            info = ExitInfo(None, None, why, stopped=run.stopped, lost=not run.stopped)
+            info = self._no_exit_record(run, child)
         if run.shim is not None:
             run.shim.poll()
         run.exit = info
         return info
+
+    def _no_exit_record(self, run: _Run, child: dict) -> ExitInfo:
+        """How a run ended whose shim left no exit record, told from what is known: the
+        agent stopped it; the shim died before the job's first instruction (no
+        started.json); the machine restarted since it started (another boot id: the reboot
+        killed it, an interruption); or, in the same boot, its shim was killed and its
+        processes are gone: they may have run to their end, their exit status is unknown."""
+        if run.stopped:
+            return ExitInfo(None, None, "stopped; the runner shim was killed before it recorded the exit", stopped=True)
+        if not child:
+            return ExitInfo(None, None, "its supervisor (the job's shim) ended before the job started: no instruction "
+                                        "of the job ran", lost=True)
+        then, now = child.get("boot"), self.boot_id()
+        if then is None:  # recorded by an older shim: the boot is not known
+            return ExitInfo(None, None, "its processes were gone with no exit record (the machine restarted?)",
+                            lost=True)
+        if then and now and then != now:
+            return ExitInfo(None, None, f"the machine restarted while it ran (boot {then[:8]}, now {now[:8]}), which "
+                                        "killed its processes; no exit record", lost=True)
+        if run.unsupervised_since is not None:
+            seen = "its processes ran on without it until " + _utc(time.time())
+        else:
+            seen = "its processes were gone too when its member looked"
+        return ExitInfo(None, None, f"its supervisor (the job's shim) was killed in this boot of the machine and "
+                                    f"{seen}; its exit status is unknown (it may have run to its end)", unknown=True)
 
     def get_state(self, job_id: int) -> dict:
         run = self._run(job_id)
@@ -350,7 +386,10 @@ class NativeRunner:
         if not child:
             # No started.json and no shim: the job never got past the shim's go (shim.py).
             return NEVER_STARTED
-        return RUNNING if _alive(child.get("pid"), child.get("starttime")) else LOST
+        if _alive(child.get("pid"), child.get("starttime")):
+            run.unsupervised_since = time.time()
+            return UNSUPERVISED
+        return LOST
 
     def enforced(self, job_id: int) -> dict:
         return dict(self._run(job_id).state.get("enforced", {}))

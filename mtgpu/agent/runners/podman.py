@@ -38,7 +38,7 @@ from mtgpu.agent.podman.cdi import CdiSpec
 from mtgpu.agent.podman.images import ImageError, ImageStore
 from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, error_line, last_error
 from mtgpu.agent.podman.ports import PortGuard, PortGuardError
-from mtgpu.agent.runners.base import RUNNING, SLURM_BIN_DIR, ExitInfo, Launch, RunnerError
+from mtgpu.agent.runners.base import RUNNING, SLURM_BIN_DIR, UNSUPERVISED, ExitInfo, Launch, RunnerError
 from mtgpu.agent.runners.native import Command, NativeRunner, _interpreter
 from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, entry_script, gpus_label, layer_image,
                                            parse_inspect, pick_host_ports, publish_args, workspace_container)
@@ -231,7 +231,7 @@ class ContainerRunner(NativeRunner):
     def load_state(self, job_id: int, state: dict) -> str:
         outcome = super().load_state(job_id, state)
         c = state.get("container") or {}
-        if outcome == RUNNING and c.get("workspace") and c.get("ports"):
+        if outcome in (RUNNING, UNSUPERVISED) and c.get("workspace") and c.get("ports"):
             try:
                 self.ports.allow(job_id, c["uid"], [int(h) for h in c["ports"].values()])
             except PortGuardError as e:

@@ -6,8 +6,8 @@ ours: it must start fast and must not depend on the server's environment.
 
 JOB_DIR (root-owned, 0700) holds launch.json (written by the runner), `script`
 (0600, owned by the tenant) and, written here: started.json (the job's pid and its
-start time, to detect PID reuse on re-attach) and exit.json (written atomically when
-the job ends). The job's process waits for started.json to be on disk before it runs
+start time, to detect PID reuse on re-attach, and the machine's boot id) and exit.json
+(written atomically when the job ends). The job's process waits for started.json to be on disk before it runs
 anything of the job, so a run without started.json never ran a single instruction of
 the job: after a crash, such a run can be started again without running twice.
 
@@ -45,6 +45,16 @@ def _starttime(pid):
     with open("/proc/%d/stat" % pid, "rb") as f:
         data = f.read()
     return int(data.rsplit(b")", 1)[1].split()[19])
+
+
+def _boot_id():
+    """This boot of the machine: after a reboot, a run recorded in another one was killed by
+    it (native.py tells that from a supervisor killed in this boot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _write_json_atomic(path, obj):
@@ -377,7 +387,7 @@ def main(job_dir):
     os.close(script_fd)
     try:
         _write_json_atomic(os.path.join(job_dir, "started.json"),
-                           {"pid": pid, "starttime": _starttime(pid), "started_at": time.time()})
+                           {"pid": pid, "starttime": _starttime(pid), "started_at": time.time(), "boot": _boot_id()})
         os.write(go_w, b"g")
     except OSError:
         pass  # the child is already gone (or may not run): its exit is recorded below

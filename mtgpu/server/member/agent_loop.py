@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ...accounts.lookup import supplementary_groups, tenant_home_of
 from ...agent.local import LocalAgent
-from ...agent.runners.base import ENDED, LOST, RUNNING, Launch, RunnerError
+from ...agent.runners.base import ENDED, LOST, RUNNING, UNSUPERVISED, Launch, RunnerError
 from ...model.job import Job, JobState
 from ...state import commands as C
 from ...state.store import Store, try_commit
@@ -74,11 +74,16 @@ class AgentLoop:
         for r in self.agent.recover():
             if r.outcome == RUNNING:
                 log.info("job %d (attempt %d) re-attached after restart: it still runs", r.job_id, r.attempt)
+            elif r.outcome == UNSUPERVISED:
+                log.warning("job %d (attempt %d) re-attached after restart: its processes still run, but its "
+                            "supervisor (shim) is gone, so their exit status cannot be collected: when they end, the "
+                            "job fails with its exit status unknown (it is not run again)", r.job_id, r.attempt)
             elif r.outcome == ENDED:
                 log.info("job %d (attempt %d) ended while the server was down; its end is reported", r.job_id,
                          r.attempt)
             elif r.outcome == LOST:
-                log.warning("job %d (attempt %d): its processes were gone with no exit record", r.job_id, r.attempt)
+                log.warning("job %d (attempt %d): its processes were gone with no exit record (%s)", r.job_id,
+                            r.attempt, self.agent.runner.poll(r.job_id).reason)
             else:
                 log.info("job %d (attempt %d) had not started when the server stopped: it may start now", r.job_id,
                          r.attempt)

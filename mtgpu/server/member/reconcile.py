@@ -7,9 +7,12 @@ list of actions; `agent_loop.AgentLoop` carries them out. No I/O, no clock.
 
 Rules, per job:
 - a run of the attempt placed here that ended: report it (JOB_FINISH); when the job's
-  supervisor fenced it (this member was out of touch) or its processes vanished with
-  no exit record (a reboot), the end is not the job's own: a single job that may be
-  requeued is requeued, a gang rank fails the gang, a job with `requeue=no` is lost;
+  supervisor fenced it (this member was out of touch), the agent stopped it or the
+  machine restarted under it, the job was interrupted: a single job that may be
+  requeued (`requeue=`, JOB_REQUEUE) is requeued, a gang rank fails the gang, a job
+  with `requeue=no` is lost; when its supervisor died in this boot and its processes
+  ended with no exit record, it may have run to its end: it fails with its exit status
+  unknown and is never requeued (it would run twice);
 - a run of the attempt placed here past its `time=`: stop it and report it failed;
 - a run that is not (or no longer) placed here at its attempt: stop it while it runs;
   once ended by itself, report it late when its attempt was requeued off this member
@@ -97,8 +100,10 @@ def end_report(p: PlacedRank, ended: ExitInfo, node: str) -> Report:
             args = {"exit_code": ended.exit_code,
                     "reason": "" if ended.exit_code == 0 else (ended.reason or f"exited with status {ended.exit_code}")}
         return Report(p.job_id, p.attempt, p.rank, "finish", args)
-    what = ended.reason if ended.fenced else \
-        f"its processes on {node} were gone, with no exit record (the machine restarted?)"
+    if ended.unknown:  # it may have run to its end: never run it again unasked
+        return Report(p.job_id, p.attempt, p.rank, "finish", {
+            "state": "failed", "reason": f"on {node}: {ended.reason}; not requeued, so that it does not run twice"})
+    what = ended.reason if ended.fenced else f"on {node}: {ended.reason}"
     if p.ranks > 1:
         return Report(p.job_id, p.attempt, p.rank, "finish", {"state": "failed", "reason": what})
     if p.requeue:

@@ -22,7 +22,11 @@ def decide(p=(), runs=None, unsent=(), late=(), in_sync=True, now=NOW, refused=(
 
 EXIT0 = ExitInfo(0, None, "exited with code 0")
 FENCED = ExitInfo(None, 9, "fenced: this node's agent lost contact", fenced=True)
-LOST = ExitInfo(None, None, "lost: the runner shim ended without an exit record", lost=True)
+LOST = ExitInfo(None, None, "the machine restarted while it ran (boot 1111, now 2222), which killed its processes; "
+                            "no exit record", lost=True)
+UNKNOWN = ExitInfo(None, None, "its supervisor (the job's shim) was killed in this boot of the machine and its "
+                               "processes ran on without it until 2026-12-02 09:00:00 UTC; its exit status is unknown "
+                               "(it may have run to its end)", unknown=True)
 STOPPED = ExitInfo(None, 15, "killed by SIGTERM (stopped)", stopped=True)
 
 
@@ -72,11 +76,25 @@ def test_a_fenced_single_job_is_requeued_not_failed():
     assert r.command == "requeue" and r.attempt == 0 and "fenced" in r.args["reason"]
 
 
-def test_a_job_whose_processes_vanished_is_requeued_unless_it_asked_not_to_be():
+def test_a_job_killed_by_a_restart_of_its_machine_is_requeued_unless_it_asked_not_to_be():
     [r] = decide([placed()], run(ended=LOST))
-    assert r.command == "requeue" and "no exit record" in r.args["reason"]
+    assert r.command == "requeue" and r.args["reason"].startswith("on m0: the machine restarted")
     [r] = decide([placed(requeue=False)], run(ended=LOST))
     assert r.command == "finish" and r.args["state"] == "lost" and "asked not to be requeued" in r.args["reason"]
+
+
+def test_a_job_whose_supervisor_died_and_whose_processes_ended_unrecorded_fails_and_is_never_requeued():
+    # It may have run to its end: run again, a finished job would run twice (issue 23).
+    for p in (placed(), placed(requeue=False)):
+        [r] = decide([p], run(ended=UNKNOWN))
+        assert r.command == "finish" and r.args["state"] == "failed" and "exit_code" not in r.args
+        assert r.args["reason"] == f"on m0: {UNKNOWN.reason}; not requeued, so that it does not run twice"
+    [r] = decide([placed(rank=1, ranks=2, master_port=1)], run(ended=UNKNOWN))
+    assert (r.command, r.rank, r.args["state"]) == ("finish", 1, "failed")
+
+
+def test_a_requeued_attempt_whose_end_is_unknown_is_not_reported_late():
+    assert decide([placed(attempt=1)], run(attempt=0, ended=UNKNOWN), late=[(1, 0)]) == [Forget(1)]
 
 
 def test_a_fenced_gang_rank_fails_the_gang():
