@@ -569,6 +569,14 @@ class Config(BaseModel):
                     "are requeued; its job supervisors stop them one second sooner, counted from its last report the "
                     "scheduler took (self-fencing). At least 3: members report once a second",
     )
+    JOB_REQUEUE: bool = Field(
+        True, strict=True,
+        description="(our addition, Slurm's JobRequeue) whether a batch job that says nothing (no requeue= directive, "
+                    "no sbatch --requeue/--no-requeue) may be requeued when it is interrupted: its member is marked "
+                    "down, its supervisor fenced it, or its machine restarted under it; applied by the member that "
+                    "takes the submission (set it alike on every member). A job whose supervisor died while its "
+                    "processes ran on is never requeued: it may have run to its end",
+    )
     JOIN_TIMEOUT_S: float = Field(
         60.0, gt=0, le=86400, strict=False,
         description="(our addition) how long a member that joins through PEERS keeps trying before it gives up and "

@@ -317,7 +317,8 @@ _TABLE: dict[str, _Directive] = {
                            "waiting adds 1 point an hour)", _parse_priority, "priority"),
     "time": _Directive("wall-clock limit, e.g. 90 (minutes), 2h or 1-12:00:00", _parse_time, "time_limit_s"),
     "workdir": _Directive("directory the job starts in", _parse_workdir, "workdir"),
-    "requeue": _Directive("yes (default) or no: put the job back in the queue if its node is lost", _parse_requeue, "requeue"),
+    "requeue": _Directive("yes or no (default: the node's JOB_REQUEUE, yes unless set): put the job back in the queue "
+                          "when it is interrupted (its node lost, its machine restarted)", _parse_requeue, "requeue"),
     "output": _Directive("also write the job's output to this file (relative: to workdir); %j job id, %A array id, "
                          "%a index, %x name, %u user, %N node", _parse_output, "output"),
     "error": _Directive("write the job's stderr to this file instead of output= (the job's log keeps both); "
@@ -496,21 +497,24 @@ def _merge_sbatch(given: dict[str, _Given], request: sbatch.SbatchRequest, warni
                             f"which asks for something else")
 
 
-def parse_job_file(text: str, overrides: Mapping[str, str] | None = None) -> JobSpec:
+def parse_job_file(text: str, overrides: Mapping[str, str] | None = None,
+                   defaults: Mapping[str, str] | None = None) -> JobSpec:
     """Parse a batch script's `#MTGPU` (and `#SBATCH`) directives, then `overrides`, which
     win, into a JobSpec; `read_job_file` also returns the warnings.
 
     The whole text becomes `JobSpec.script`. Raises JobFileError and nothing else."""
-    return read_job_file(text, overrides).spec
+    return read_job_file(text, overrides, defaults).spec
 
 
-def read_job_file(text: str, overrides: Mapping[str, str] | None = None) -> ParsedJobFile:
+def read_job_file(text: str, overrides: Mapping[str, str] | None = None,
+                  defaults: Mapping[str, str] | None = None) -> ParsedJobFile:
     """The request of a batch script and what to tell the submitter about it.
 
     `#MTGPU` lines, `#SBATCH` lines (translated by sbatch.py; where both set the same
     thing, `#MTGPU` wins, with a warning), then `overrides` (command-line flags, and
-    sbatch options under SBATCH_OVERRIDE), which win over the file. Raises JobFileError
-    and nothing else."""
+    sbatch options under SBATCH_OVERRIDE), which win over the file. `defaults`: directive
+    values of the node's config (e.g. requeue from JOB_REQUEUE) for what none of those
+    gives. Raises JobFileError and nothing else."""
     if not isinstance(text, str):
         raise JobFileError("the job file must be text (a shell script)")
     warnings: list[str] = []
@@ -523,6 +527,10 @@ def read_job_file(text: str, overrides: Mapping[str, str] | None = None) -> Pars
     _merge_sbatch(given, request, warnings)
     if overrides:
         given.update(_given_from_overrides(overrides))
+    for name, value in (defaults or {}).items():
+        if name not in _TABLE:
+            raise ValueError(f"{name!r} is no directive")  # a programming error, not the submitter's
+        given.setdefault(name, _Given(name, value, None))
 
     fields: dict[str, Any] = {}
     for name, directive in _TABLE.items():

@@ -60,6 +60,7 @@ def test_defaults_match_the_design():
     assert c.DATASETS_DIRECTORIES == [] and c.PYTHON_INTERPRETERS == []
     assert c.USER_DISK_LIMIT is None and c.user_disk_limit_bytes is None
     assert c.JOB_RETENTION_DAYS == 30 and c.TENANT_RETENTION_DAYS == 180
+    assert c.JOB_REQUEUE is True  # Slurm's JobRequeue=1
     assert c.job_retention_s == 30 * 86400
     assert c.PERSISTENT_TERMINALS == "on"
     assert c.GPU_BACKEND == "auto"
@@ -174,6 +175,7 @@ def test_enum_errors(key, value, allowed):
         ({"JOB_RETENTION_DAYS": 0}, "JOB_RETENTION_DAYS", "0", "must be more than 0"),
         ({"TENANT_RETENTION_DAYS": -1}, "TENANT_RETENTION_DAYS", "-1", "must be more than 0"),
         ({"JOB_RETENTION_DAYS": "30"}, "JOB_RETENTION_DAYS", '"30"', "must be a number"),
+        ({"JOB_REQUEUE": "no"}, "JOB_REQUEUE", '"no"', "true or false"),
         ({"TENANT_UID_RANGE": [5, 10]}, "TENANT_UID_RANGE", "[5, 10]", "1000 <= first <= last"),
         ({"TENANT_UID_RANGE": [300000, 200000]}, "TENANT_UID_RANGE", "[300000, 200000]", "first <= last"),
         ({"TENANT_UID_RANGE": [1]}, "TENANT_UID_RANGE", "[1]", "two whole numbers"),

@@ -178,6 +178,16 @@ def test_requeue_defaults_to_yes():
     assert parse("requeue=yes").requeue is True
 
 
+def test_the_nodes_requeue_default_applies_only_where_the_job_says_nothing():
+    no = {"requeue": "no"}  # a node with JOB_REQUEUE = false
+    assert parse_job_file(script(), None, no).requeue is False
+    assert parse_job_file(script("requeue=yes"), None, no).requeue is True
+    assert parse_job_file(script(), {"requeue": "yes"}, no).requeue is True
+    assert parse_job_file("#!/bin/bash\n#SBATCH --requeue\ntrue\n", None, no).requeue is True
+    assert parse_job_file("#!/bin/bash\ntrue\n", {"sbatch": '["--requeue"]'}, no).requeue is True
+    assert parse_job_file("#!/bin/bash\n#SBATCH --no-requeue\ntrue\n", None, {"requeue": "yes"}).requeue is False
+
+
 def test_time_bare_number_is_minutes_as_in_slurm():
     assert parse("time=90").time_limit_s == 90 * 60
 

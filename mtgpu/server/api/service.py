@@ -96,7 +96,8 @@ class MemberService:
         if workdir is not None and (not workdir.startswith("/") or "\0" in workdir):
             raise ServiceError(422, f"refused: workdir {workdir!r} must be an absolute path", refused=True)
         try:
-            parsed = read_job_file(script, overrides)
+            # The node's JOB_REQUEUE for a job that says nothing of requeue (Slurm's JobRequeue)
+            parsed = read_job_file(script, overrides, {"requeue": "yes" if self.config.JOB_REQUEUE else "no"})
         except JobFileError as e:
             raise ServiceError(422, f"job file refused: {e}", refused=True) from None
         spec = replace(parsed.spec, submit_dir=workdir) if workdir else parsed.spec
