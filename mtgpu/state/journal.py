@@ -8,6 +8,11 @@ command was never acknowledged) is dropped and the file truncated there.
 
 Layout in STATE_DIR/state/: `snapshot.json` (the machine at sequence N, written
 to a temporary file, fsync'd, renamed) and `journal.jsonl` (commands N+1...).
+
+Every line and the snapshot carry a checksum of their exact bytes (state/checksums.py),
+checked at start: a changed byte stops the start naming the file, the entry and the fix,
+and is never replayed. Lines and a snapshot an older version wrote (no checksum) are
+read once and rewritten at once as a checksummed snapshot.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ import errno
 import json
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
+from .checksums import ChecksumMismatch, is_legacy_line, open_json, seal_json
 from .machine import StateMachine
 
 log = logging.getLogger(__name__)
@@ -47,22 +54,34 @@ class JournaledState:
         self.journal_path = self.directory / "journal.jsonl"
         self.snapshot_every = snapshot_every
         self.lock = threading.RLock()
+        self._legacy_read = False  # a snapshot or lines without checksums were read
         self.machine = self._load()
         self._journal = open(self.journal_path, "ab", buffering=0)
         self._since_snapshot = 0
+        if self._legacy_read:
+            # Written by a version before checksums: rewritten at once as a checksummed
+            # snapshot, so no entry without a checksum is ever read again.
+            self.snapshot()
+            log.info("state %s: entries written without checksums were read once and rewritten with them",
+                     self.directory)
 
     # ------------------------------------------------------------------ load
     def _load(self) -> StateMachine:
+        sealed_snapshot = False
         if self.snapshot_path.exists():
             try:
                 with open(self.snapshot_path, "rb") as f:
-                    machine = StateMachine.from_dict(json.load(f))
+                    body, sealed_snapshot = open_json(f.read())
+                machine = StateMachine.from_dict(json.loads(body))
+            except ChecksumMismatch as e:
+                raise JournalCorrupt(
+                    f"the snapshot {self.snapshot_path} is damaged: {e} (changed on disk since it was written). "
+                    + self._snapshot_fix()) from None
             except (ValueError, KeyError, TypeError) as e:
                 raise JournalCorrupt(
-                    f"the snapshot {self.snapshot_path} cannot be read ({type(e).__name__}: {str(e)[:200]}); it holds "
-                    "every job and tenant up to its sequence, so the node does not start without it: restore it from a "
-                    f"backup of {self.directory}, or, to start with an empty state (every job and tenant record lost), "
-                    f"move {self.directory} away") from None
+                    f"the snapshot {self.snapshot_path} cannot be read ({type(e).__name__}: {str(e)[:200]}). "
+                    + self._snapshot_fix()) from None
+            self._legacy_read = not sealed_snapshot
         else:
             machine = StateMachine()
         if not self.journal_path.exists():
@@ -72,29 +91,44 @@ class JournaledState:
         with open(self.journal_path, "rb") as f:
             data = f.read()
         pos = 0
+        lineno = 0
+        sealed_seen = sealed_snapshot  # after a checksummed entry, every entry has one
         while pos < len(data):
             nl = data.find(b"\n", pos)
             if nl < 0:
                 log.warning("journal %s: dropping a torn last line (%d bytes) never acknowledged",
                             self.journal_path, len(data) - pos)
                 break
+            lineno += 1
             line = data[pos:nl]
             try:
-                entry = json.loads(line)
+                body, sealed = open_json(line)
+            except ChecksumMismatch as e:
+                raise JournalCorrupt(self._cut_here(pos, len(data), lineno, f"{self._which(line)} that was changed on "
+                                                                    f"disk since it was written ({e})")) from None
+            try:
+                entry = json.loads(body)
             except ValueError:
-                if nl + 1 >= len(data):
+                if not sealed and nl + 1 >= len(data):
                     log.warning("journal %s: dropping an unreadable last line", self.journal_path)
                     break
-                raise JournalCorrupt(self._cut_here(pos, len(data), "an unreadable line")) from None
+                raise JournalCorrupt(self._cut_here(pos, len(data), lineno, "an unreadable line")) from None
             seq = entry.get("seq") if isinstance(entry, dict) else None
             if not isinstance(seq, int) or not isinstance(entry.get("command"), dict):
-                raise JournalCorrupt(self._cut_here(pos, len(data), "a line that is not a journal entry"))
+                raise JournalCorrupt(self._cut_here(pos, len(data), lineno, "a line that is not a journal entry"))
             if seq > machine.applied:
                 if seq != machine.applied + 1:
-                    raise JournalCorrupt(self._cut_here(pos, len(data), f"a sequence jump from {machine.applied} to "
-                                                                        f"{seq}"))
+                    raise JournalCorrupt(self._cut_here(pos, len(data), lineno, f"a sequence jump from {machine.applied} "
+                                                                        f"to {seq}"))
+                if not sealed:
+                    if sealed_seen or not is_legacy_line(line):
+                        raise JournalCorrupt(self._cut_here(
+                            pos, len(data), lineno, f"{self._which(line)} without a checksum where every entry has "
+                                                    "one (its checksum field lost?)"))
+                    self._legacy_read = True
                 machine.apply(entry["command"])
                 replayed += 1
+            sealed_seen = sealed_seen or sealed
             pos = nl + 1
             good_end = pos
         if good_end < len(data):
@@ -103,10 +137,23 @@ class JournaledState:
         log.info("state loaded: %d jobs, %d journal entries replayed", len(machine.jobs), replayed)
         return machine
 
-    def _cut_here(self, pos: int, size: int, what: str) -> str:
-        return (f"the journal {self.journal_path} has {what} at byte {pos} of {size}: the commands after it were "
-                "acknowledged and cannot be replayed safely, so the node does not start. To start from what is "
-                f"intact (the changes after byte {pos} are lost: check the jobs submitted since), cut it there: "
+    @staticmethod
+    def _which(line: bytes) -> str:
+        """'entry 12 (job.submit.v1)': as much of a damaged line as can be read."""
+        seq = re.search(rb'"seq":(\d+)', line)
+        name = re.search(rb'"cmd":"([A-Za-z0-9._-]{1,64})"', line)
+        return ((f"entry {int(seq.group(1))}" if seq else "an entry")
+                + (f" ({name.group(1).decode()})" if name else ""))
+
+    def _snapshot_fix(self) -> str:
+        return ("It holds every job and tenant up to its sequence, so the node does not start without it: restore "
+                f"{self.snapshot_path} (or all of {self.directory}) from a backup, or, to start with an empty state "
+                f"(every job and tenant record lost), move {self.directory} away")
+
+    def _cut_here(self, pos: int, size: int, lineno: int, what: str) -> str:
+        return (f"the journal {self.journal_path} has {what} at byte {pos} of {size} (line {lineno}): the commands "
+                "from there on were acknowledged and cannot be replayed safely, so the node does not start. To start "
+                f"from what is intact (the changes from byte {pos} on are lost: check the jobs submitted since), cut it there: "
                 f"truncate -s {pos} {self.journal_path}; or restore {self.directory} from a backup")
 
     # ------------------------------------------------------------------ apply
@@ -116,7 +163,7 @@ class JournaledState:
         Rejected commands are journaled too: replay must see the same sequence."""
         with self.lock:
             seq = self.machine.applied + 1
-            line = json.dumps({"seq": seq, "command": command}, separators=(",", ":")).encode() + b"\n"
+            line = seal_json(json.dumps({"seq": seq, "command": command}, separators=(",", ":")).encode()) + b"\n"
             end = self._journal.tell()
             try:
                 written = self._journal.write(line)
@@ -157,7 +204,7 @@ class JournaledState:
         with self.lock:
             tmp = self.snapshot_path.with_suffix(".tmp")
             with open(tmp, "wb") as f:
-                f.write(json.dumps(self.machine.to_dict(), separators=(",", ":")).encode())
+                f.write(seal_json(json.dumps(self.machine.to_dict(), separators=(",", ":")).encode()))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.snapshot_path)
