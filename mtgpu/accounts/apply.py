@@ -1,11 +1,16 @@
-"""Carry out an AccountPlan on this node's OS: the only module of accounts/ that touches it.
+"""Carry out an AccountPlan on this node's OS: with the lock it takes (shadow_lock), the only
+module of accounts/ that touches it.
 
 Accounts are made with the distribution's shadow tools (groupadd, useradd, usermod), so
-their locking and file formats are the distribution's. `prefix_root` passes `--prefix
-ROOT` to each of them, which edits ROOT/etc/{passwd,group,shadow,...} instead of the
-machine's own: tests use it to simulate nodes with separate account databases.
+their locking and file formats are the distribution's. Subordinate ids are written here,
+under the lock those tools take on /etc/subuid and /etc/subgid (shadow_lock), because the
+range must be checked against every entry of the file when it is written: `usermod
+--add-subuids` adds a range that overlaps another user's without a word (shadow 4.13).
+`prefix_root` passes `--prefix ROOT` to each tool (and puts the files under ROOT), which
+edits ROOT/etc/{passwd,group,shadow,...} instead of the machine's own: tests use it to
+simulate nodes with separate account databases.
 
-Nothing here raises for an OS failure: every step that fails is a line in the report
+apply_plan never raises for an OS failure: every step that fails is a line in the report
 naming the command (or path) and what the OS said, and the steps that do not depend on
 it still run.
 """
@@ -32,7 +37,10 @@ from mtgpu.accounts.plan import (
     OsAccounts,
     SubIdsToAdd,
     UserToCreate,
+    subid_overlap,
+    subid_overlap_problem,
 )
+from mtgpu.accounts.shadow_lock import LOCK_TIMEOUT_S, ShadowLockTimeout, shadow_lock
 
 COMMAND_TIMEOUT_S = 60.0
 # The shadow tools already wait ~15 s for a held lock themselves; one more try covers a
@@ -103,14 +111,17 @@ def read_os_accounts(prefix_root: str | os.PathLike | None = None) -> OsAccounts
     for row in _colon_lines(_etc(prefix_root, "group"), required=True):
         if len(row) >= 3 and _int(row[2]) is not None:
             groups.setdefault(row[0], int(row[2]))
-    subs: list[dict[str, tuple[tuple[int, int], ...]]] = []
-    for name in ("subuid", "subgid"):
-        table: dict[str, list[tuple[int, int]]] = {}
-        for row in _colon_lines(_etc(prefix_root, name), required=False):
-            if len(row) >= 3 and _int(row[1]) is not None and _int(row[2]) is not None:
-                table.setdefault(row[0], []).append((int(row[1]), int(row[2])))
-        subs.append({k: tuple(v) for k, v in table.items()})
+    subs = [{k: tuple(v) for k, v in _read_subid_table(_etc(prefix_root, name)).items()}
+            for name in ("subuid", "subgid")]
     return OsAccounts(users=users, groups=groups, subuids=subs[0], subgids=subs[1])
+
+
+def _read_subid_table(path: Path) -> dict[str, list[tuple[int, int]]]:
+    table: dict[str, list[tuple[int, int]]] = {}
+    for row in _colon_lines(path, required=False):
+        if len(row) >= 3 and _int(row[1]) is not None and _int(row[2]) is not None:
+            table.setdefault(row[0], []).append((int(row[1]), int(row[2])))
+    return table
 
 
 # ---------------------------------------------------------------- running the shadow tools
@@ -149,6 +160,79 @@ def run_tool(cmd: list[str], run: Runner = subprocess.run) -> tuple[bool, str]:
     return False, f"`{_show(cmd)}` failed with status {result.returncode}: {stderr}"
 
 
+# ---------------------------------------------------------------- subordinate ids
+
+
+class SubIdsRefused(Exception):
+    """The range overlaps another owner's in /etc/subuid or /etc/subgid; nothing was written.
+    `problems` has one line per file (subid_overlap_problem)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _append_line(path: Path, line: str) -> None:
+    """Add a line to an account file as the shadow tools rewrite one: the old content kept as
+    FILE-, the new one written to FILE+ (same mode and owner), synced and renamed over FILE."""
+    try:
+        old = path.read_bytes()
+        st = os.stat(path)
+        mode, owner = stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid)
+    except FileNotFoundError:
+        old, mode, owner = b"", 0o644, None
+    if old and not old.endswith(b"\n"):
+        old += b"\n"
+    for suffix, data in (("-", old), ("+", old + line.encode())):
+        tmp = path.with_name(path.name + suffix)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        try:
+            os.write(fd, data)
+            if owner is not None:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(path.with_name(path.name + "+"), path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def add_subordinate_ids(name: str, first: int, count: int, *, uids: bool = True, gids: bool = True,
+                        prefix_root: str | os.PathLike | None = None,
+                        timeout_s: float = LOCK_TIMEOUT_S) -> list[str]:
+    """Give `name` the subordinate ids first..first+count-1 in ROOT/etc/subuid and/or subgid,
+    holding both files' shadow locks (subuid's first, as usermod takes them) from the read
+    to the write, so the check sees every entry there is, of any owner. A file where `name`
+    already has an entry is left as it is. Returns the kinds written ("uids", "gids").
+    Raises SubIdsRefused (nothing written) when the range overlaps another owner's entry,
+    ShadowLockTimeout when a lock stays held, OSError when a file cannot be written."""
+    files = [(kind, _etc(prefix_root, f"sub{kind}")) for kind, wanted in (("uid", uids), ("gid", gids)) if wanted]
+    with contextlib.ExitStack() as locks:
+        for _kind, path in files:
+            locks.enter_context(shadow_lock(path, timeout_s=timeout_s))
+        to_write: list[tuple[str, Path]] = []
+        refusals: list[str] = []
+        for kind, path in files:
+            table = _read_subid_table(path)
+            if table.get(name):
+                continue
+            other = subid_overlap(name, first, count, table)
+            if other is not None:
+                refusals.append(subid_overlap_problem(name, kind, str(path), first, count, other))
+            else:
+                to_write.append((kind, path))
+        if refusals:
+            raise SubIdsRefused(refusals)
+        for _kind, path in to_write:
+            _append_line(path, f"{name}:{first}:{count}\n")
+    return [f"{kind}s" for kind, _path in to_write]
+
+
 # ---------------------------------------------------------------- the steps
 
 
@@ -161,7 +245,7 @@ def _create_group(g: GroupToCreate, prefix_root, run: Runner, report: ApplyRepor
 def _create_user(u: UserToCreate, prefix_root, run: Runner, report: ApplyReport) -> bool:
     # -M: the home is made by us (mode, owner, no skeleton); -p '*': no password but not
     # locked ('!'), so key-only SSH logins work (sshd refuses locked accounts without PAM);
-    # SUB_*_COUNT=0: subordinate ids are added by us, from a deterministic range.
+    # SUB_*_COUNT=0: subordinate ids are added by us, from the tenant's range (add_subordinate_ids).
     cmd = ["useradd", "-u", str(u.uid), "-g", str(u.gid), "-M", "-d", u.home, "-s", u.shell, "-p", "*",
            "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0", *_prefix_args(prefix_root), u.name]
     ok, text = run_tool(cmd, run)
@@ -169,21 +253,17 @@ def _create_user(u: UserToCreate, prefix_root, run: Runner, report: ApplyReport)
     return ok
 
 
-def _add_subids(s: SubIdsToAdd, prefix_root, run: Runner, report: ApplyReport) -> None:
-    span = f"{s.first}-{s.first + s.count - 1}"
-    cmd = ["usermod"]
-    if s.uids:
-        cmd += ["--add-subuids", span]
-    if s.gids:
-        cmd += ["--add-subgids", span]
-    cmd += [*_prefix_args(prefix_root), s.name]
-    ok, text = run_tool(cmd, run)
-    if ok:
-        report.done.append(f"gave {s.name} subordinate ids {span}")
-    elif "not installed" in text or "unrecognized option" in text:
-        report.done.append(f"skipped subordinate ids for {s.name}: this usermod cannot add them ({text})")
-    else:
-        report.problems.append(text)
+def _add_subids(s: SubIdsToAdd, prefix_root, report: ApplyReport) -> None:
+    try:
+        added = add_subordinate_ids(s.name, s.first, s.count, uids=s.uids, gids=s.gids, prefix_root=prefix_root)
+    except SubIdsRefused as exc:
+        report.problems.extend(exc.problems)
+        return
+    except (ShadowLockTimeout, OSError) as exc:
+        report.problems.append(f"subordinate ids {s.first}-{s.first + s.count - 1} for {s.name} not added: {exc}")
+        return
+    if added:
+        report.done.append(f"gave {s.name} subordinate {' and '.join(added)} {s.first}-{s.first + s.count - 1}")
 
 
 def _ensure_home_root(path: Path, report: ApplyReport) -> bool:
@@ -327,7 +407,7 @@ def apply_plan(plan: AccountPlan, *, prefix_root: str | os.PathLike | None = Non
             failed.add(u.name)
     for s in plan.add_subids:
         if s.name not in failed:
-            _add_subids(s, prefix_root, run, report)
+            _add_subids(s, prefix_root, report)
     homes_done: set[str] = set()
     for h in plan.create_homes:
         if Path(h.path).name in failed:
@@ -411,6 +491,8 @@ def remove_account(name: str, *, uid_range: tuple[int, int], prefix_root: str | 
 
 __all__ = [
     "ApplyReport",
+    "SubIdsRefused",
+    "add_subordinate_ids",
     "OsAccountsError",
     "apply_plan",
     "read_os_accounts",

@@ -26,13 +26,18 @@ from ..model.tenant import (  # noqa: F401 - part of this module's API
 
 DEFAULT_TENANT_UID_RANGE: tuple[int, int] = (200_000, 299_999)
 
-# Subordinate ids for rootless Podman: tenant i of the range (i = uid - first) gets
-# SUBID_COUNT ids from SUBID_BASE + i * SUBID_COUNT. The base sits above the distribution's
-# own automatic ranges (login.defs SUB_UID_MAX = 600100000) and far above any tenant uid,
-# so a tenant's container can never map onto another account's uid. Tenants whose block
-# would pass 2**32 - 2 (index >= 50277) get none, with a warning.
+# Subordinate ids for rootless Podman: SUBID_COUNT ids per tenant, in one of SUBID_BLOCKS
+# blocks from SUBID_BASE up to 2**32 - 2. The block is a function of the tenant's uid alone
+# (never of its index in TENANT_UID_RANGE, which is 0 for every node's first tenant), so a
+# tenant has the same range on every member and two nodes on one machine give their tenants
+# different ones. SUBID_ANCHOR_UID (the default range's first uid) keeps the blocks the
+# earlier index formula gave to clusters on the default range. The base sits above the
+# distribution's own automatic ranges (login.defs SUB_UID_MAX = 600100000) and far above any
+# tenant uid, so a tenant's container can never map onto another account's uid.
 SUBID_BASE = 1_000_000_000
 SUBID_COUNT = 65_536
+SUBID_BLOCKS = (MAX_ID + 1 - SUBID_BASE) // SUBID_COUNT  # 50277
+SUBID_ANCHOR_UID = 200_000
 
 HOME_MODE = 0o700
 KEYS_FILE = ".ssh/authorized_keys"
@@ -45,14 +50,52 @@ HomeLayout = Literal["shared", "per-node"]
 
 
 def subordinate_range(uid: int, uid_range: tuple[int, int]) -> tuple[int, int] | None:
-    """(first, count) of the subordinate uids/gids a tenant gets, or None when out of room."""
+    """(first, count) of the subordinate uids/gids a tenant gets, or None when out of room.
+
+    Keyed on the uid: uids SUBID_BLOCKS apart share a block, so a tenant more than
+    SUBID_BLOCKS uids into its range gets none (it would share one with a tenant of the same
+    cluster). Two clusters' tenants can still meet on one machine; the range is then refused
+    under the files' lock (apply.add_subordinate_ids), never moved elsewhere."""
     lo, hi = uid_range
-    if not lo <= uid <= hi:
+    if not lo <= uid <= hi or uid - lo >= SUBID_BLOCKS:
         return None
-    first = SUBID_BASE + (uid - lo) * SUBID_COUNT
-    if first + SUBID_COUNT - 1 > MAX_ID:
-        return None
-    return first, SUBID_COUNT
+    block = (uid - SUBID_ANCHOR_UID) % SUBID_BLOCKS
+    return SUBID_BASE + block * SUBID_COUNT, SUBID_COUNT
+
+
+def _overlaps(a_first: int, a_count: int, b_first: int, b_count: int) -> bool:
+    return a_first < b_first + b_count and b_first < a_first + a_count
+
+
+def _span(first: int, count: int) -> str:
+    return f"{first}-{first + count - 1}"
+
+
+def subid_overlap(name: str, first: int, count: int,
+                  table: Mapping[str, Sequence[tuple[int, int]]]) -> tuple[str, int, int] | None:
+    """The first (owner, first, count) entry of another owner in a subuid/subgid table that
+    overlaps [first, first + count), or None. Every owner counts: tenants of any node, an
+    admin's own useradd ranges, names and numeric uids alike."""
+    for other, ranges in sorted(table.items()):
+        if other == name:
+            continue
+        for o_first, o_count in ranges:
+            if _overlaps(first, count, o_first, o_count):
+                return other, o_first, o_count
+    return None
+
+
+def subid_overlap_problem(name: str, kind: str, path: str, first: int, count: int,
+                          other: tuple[str, int, int]) -> str:
+    """The refusal when a tenant's range is taken on this machine: the file, the other owner,
+    both ranges and the fix."""
+    o_name, o_first, o_count = other
+    return (f"tenant {name!r}: its subordinate {kind}s {_span(first, count)} overlap {o_name!r}'s "
+            f"{_span(o_first, o_count)} in {path}; none added, so rootless containers will not run for "
+            f"{name!r} on this machine. Every member gives a tenant the same range (files its containers "
+            f"write must mean the same owner everywhere), so no other range is picked: remove or move "
+            f"{o_name!r}'s range (usermod --del-sub{kind}s {_span(o_first, o_count)} {o_name}), then restart "
+            f"mtgpu-server to add it")
 
 
 # ---------------------------------------------------------------- names
@@ -167,10 +210,6 @@ def tenant_home(home_root: str, name: str) -> str:
     return posixpath.join(str(home_root), name)
 
 
-def _overlaps(a_first: int, a_count: int, b_first: int, b_count: int) -> bool:
-    return a_first < b_first + b_count and b_first < a_first + a_count
-
-
 def _tenant_conflicts(t: TenantSpec, home: str, os_accounts: OsAccounts) -> list[str]:
     """Why this tenant's account cannot be created or reused here ([] when it can)."""
     out: list[str] = []
@@ -217,30 +256,30 @@ def _clean_keys(t: TenantSpec, warnings: list[str]) -> tuple[str, ...]:
 
 def _plan_subids(t: TenantSpec, uid_range: tuple[int, int], os_accounts: OsAccounts,
                  warnings: list[str]) -> SubIdsToAdd | None:
+    """The tenant's range, for the files that have none of its: whether it is free is
+    decided under the files' lock when it is written (apply.add_subordinate_ids)."""
     rng = subordinate_range(t.uid, uid_range)
     if rng is None:
         warnings.append(f"tenant {t.name!r}: no room for subordinate ids for uid {t.uid} "
-                        f"(from {SUBID_BASE}, {SUBID_COUNT} per tenant); rootless Podman will not work for it")
+                        f"({SUBID_BLOCKS} blocks of {SUBID_COUNT} from {SUBID_BASE}, at most {SUBID_BLOCKS} "
+                        f"tenants into TENANT_UID_RANGE); rootless Podman will not work for it")
         return None
     first, count = rng
     need_uids = not os_accounts.subuids.get(t.name)
     need_gids = not os_accounts.subgids.get(t.name)
+    for kind, table, needed in (("uid", os_accounts.subuids, need_uids), ("gid", os_accounts.subgids, need_gids)):
+        if not needed and (first, count) not in table[t.name]:
+            # Kept as it is: a tenant's containers already wrote files with it. Other members
+            # give the tenant the cluster's range, which differs.
+            have = [_span(f, c) for f, c in table[t.name]]
+            dels = " ".join(f"--del-sub{kind}s {r}" for r in have)
+            warnings.append(f"tenant {t.name!r}: keeps its subordinate {kind}s {', '.join(have)} of /etc/sub{kind}; "
+                            f"members that add them now give it {_span(first, count)}, so with HOME_LAYOUT = "
+                            f"\"shared\" files its containers write differ in owner between members. To align, "
+                            f"with no container of it running: usermod {dels} --add-sub{kind}s "
+                            f"{_span(first, count)} {t.name}")
     if not (need_uids or need_gids):
         return None
-    for kind, table, needed in (("uid", os_accounts.subuids, need_uids), ("gid", os_accounts.subgids, need_gids)):
-        if not needed:
-            continue
-        for other, ranges in sorted(table.items()):
-            if other == t.name:
-                continue
-            for o_first, o_count in ranges:
-                if _overlaps(first, count, o_first, o_count):
-                    warnings.append(
-                        f"tenant {t.name!r}: subordinate {kind}s {first}-{first + count - 1} overlap "
-                        f"{other!r}'s {o_first}-{o_first + o_count - 1} in /etc/sub{kind}; none added "
-                        f"(remove {other!r}'s range to let the tenant run rootless Podman)"
-                    )
-                    return None
     return SubIdsToAdd(t.name, first, count, uids=need_uids, gids=need_gids)
 
 

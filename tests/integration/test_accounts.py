@@ -1,9 +1,11 @@
 """Tenant accounts on two simulated nodes with separate account databases (`--prefix ROOT`).
 
 Each node is a temporary ROOT holding copies of the machine's passwd, group, shadow,
-gshadow, subuid, subgid and login.defs (TESTING.md, "Tenant processes"): the shadow tools
-edit those and never the machine's own. Homes are real directories owned by the tenants'
-uids, so file modes are what is tested. Every root and home is removed at teardown.
+gshadow and login.defs (TESTING.md, "Tenant processes"): the shadow tools edit those and
+never the machine's own. Its subuid and subgid start empty: the machine's hold the ranges
+of every other node running here, which a test must not depend on; the tests that need
+someone else's range write it in themselves. Homes are real directories owned by the
+tenants' uids, so file modes are what is tested. Every root and home is removed at teardown.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from mtgpu.accounts.apply import apply_plan, read_os_accounts, remove_account, run_tool
-from mtgpu.accounts.plan import SUBID_BASE, SUBID_COUNT, TenantSpec, allocate_ids, plan_accounts
+from mtgpu.accounts.plan import SUBID_BASE, SUBID_COUNT, TenantSpec, allocate_ids, plan_accounts, subordinate_range
+from mtgpu.accounts.shadow_lock import shadow_lock
 
 if sys.platform != "linux" or os.geteuid() != 0:
     pytest.skip("creating accounts needs Linux and root", allow_module_level=True)
@@ -27,7 +31,8 @@ for _tool in ("useradd", "groupadd", "usermod", "userdel", "groupdel"):
         pytest.skip(f"{_tool} is not installed", allow_module_level=True)
 
 RANGE = (270_000, 279_999)
-ETC_FILES = ("passwd", "group", "shadow", "gshadow", "subuid", "subgid", "login.defs")
+ETC_FILES = ("passwd", "group", "shadow", "gshadow", "login.defs")
+SUBID_FILES = ("subuid", "subgid")
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice alice@laptop"
 
 
@@ -43,14 +48,21 @@ class Node:
                 shutil.copy2(src, self.root / "etc" / f)
             else:
                 (self.root / "etc" / f).touch()
+        for f in SUBID_FILES:
+            (self.root / "etc" / f).touch()
         self.home_root = home_root or base / f"{name}-homes"
 
-    def plan(self, tenants, layout="per-node", owner=False):
+    def plan(self, tenants, layout="per-node", owner=False, uid_range=RANGE):
         return plan_accounts(tenants, read_os_accounts(self.root), str(self.home_root), layout, owner,
-                             uid_range=RANGE)
+                             uid_range=uid_range)
 
-    def apply(self, tenants, layout="per-node", owner=False):
-        return apply_plan(self.plan(tenants, layout, owner), prefix_root=self.root)
+    def apply(self, tenants, layout="per-node", owner=False, uid_range=RANGE):
+        return apply_plan(self.plan(tenants, layout, owner, uid_range), prefix_root=self.root)
+
+    def add_subids_line(self, line: str) -> None:
+        for f in SUBID_FILES:
+            with open(self.root / "etc" / f, "a") as out:
+                out.write(line + "\n")
 
     def passwd_line(self, name: str) -> str | None:
         for line in (self.root / "etc" / "passwd").read_text().splitlines():
@@ -64,12 +76,12 @@ def nodes(base):
     return Node(base, "node1"), Node(base, "node2")
 
 
-def allocate(names: list[str]) -> list[TenantSpec]:
+def allocate(names: list[str], uid_range: tuple[int, int] = RANGE) -> list[TenantSpec]:
     """What the replicated state does: ids allocated one by one from the same state."""
     state: dict[str, tuple[int, int]] = {}
     specs = []
     for name in names:
-        uid, gid = allocate_ids(state, RANGE, set())
+        uid, gid = allocate_ids(state, uid_range, set())
         state[name] = (uid, gid)
         specs.append(TenantSpec(name, uid, gid, (KEY_A,) if name.endswith("a") else ()))
     return specs
@@ -87,8 +99,8 @@ def test_same_tenant_gets_the_same_uid_gid_on_two_nodes_and_another_tenant_a_dif
     assert a1[:2] == a2[:2] == (RANGE[0], RANGE[0])
     assert b1[:2] == b2[:2] == (RANGE[0] + 1, RANGE[0] + 1)
     assert read1.groups["mtta"] == read2.groups["mtta"] == RANGE[0]
-    assert read1.subuids["mtta"] == read2.subuids["mtta"] == ((SUBID_BASE, SUBID_COUNT),)
-    assert read1.subgids["mttb"] == ((SUBID_BASE + SUBID_COUNT, SUBID_COUNT),)
+    assert read1.subuids["mtta"] == read2.subuids["mtta"] == (subordinate_range(RANGE[0], RANGE),)
+    assert read1.subgids["mttb"] == read2.subgids["mttb"] == (subordinate_range(RANGE[0] + 1, RANGE),)
     # unlocked but passwordless: '*' (key-only SSH), never '!'
     shadow = (node1.root / "etc" / "shadow").read_text().splitlines()
     assert [line.split(":")[1] for line in shadow if line.startswith("mtta:")] == ["*"]
@@ -197,3 +209,111 @@ def test_remove_account_removes_a_tenant_and_never_an_os_account(nodes):
     refused = remove_account("osuser", uid_range=RANGE, prefix_root=node1.root)
     assert not refused.ok and "outside TENANT_UID_RANGE" in refused.problems[0]
     assert "osuser" in read_os_accounts(node1.root).users
+
+
+# ---------------------------------------------------------------- subordinate ids on a shared machine
+
+HALF_A, HALF_B = (RANGE[0], RANGE[0] + 4_999), (RANGE[0] + 5_000, RANGE[1])  # two clusters' TENANT_UID_RANGEs
+
+
+def test_the_first_tenants_of_two_nodes_on_one_machine_get_disjoint_subordinate_ranges(base):
+    machine = Node(base, "machine")  # one account database, two nodes of two clusters writing it
+    (a,) = allocate(["mtta"], HALF_A)
+    (b,) = allocate(["mtxa"], HALF_B)
+    assert machine.apply([a], uid_range=HALF_A).ok
+    report = machine.apply([b], uid_range=HALF_B)
+    assert report.ok, report.problems
+    got = read_os_accounts(machine.root)
+    for table in (got.subuids, got.subgids):
+        ((a_first, a_count),), ((b_first, b_count),) = table["mtta"], table["mtxa"]
+        assert a_first + a_count <= b_first or b_first + b_count <= a_first
+
+
+def test_a_tenant_has_the_same_range_on_two_members_whatever_else_the_machine_holds(base):
+    """Each member's database already holds another node's first tenant at the range the
+    earlier index formula gave every first tenant: the tenant still gets its own range, the
+    same on both members, whatever order its tenants come in."""
+    m1, m2 = Node(base, "m1"), Node(base, "m2")
+    for m in (m1, m2):
+        m.add_subids_line(f"othernode0:{SUBID_BASE}:{SUBID_COUNT}")
+    tenants = allocate(["mtta", "mttb", "mttc"])
+    assert m1.apply(tenants).ok
+    assert m2.apply(tenants[2:]).ok and m2.apply(tenants).ok
+    got1, got2 = read_os_accounts(m1.root), read_os_accounts(m2.root)
+    for t in tenants:
+        want = (subordinate_range(t.uid, RANGE),)
+        assert got1.subuids[t.name] == got2.subuids[t.name] == want
+        assert got1.subgids[t.name] == got2.subgids[t.name] == want
+
+
+def test_an_admins_own_range_is_never_overlapped_even_when_added_after_the_plan(base):
+    node = Node(base, "node")
+    (a,) = allocate(["mtta"])
+    first, count = subordinate_range(a.uid, RANGE)
+    stale = node.plan([a])  # made before the admin's useradd below
+    # The admin's own useradd gives its user an automatic range where ours would go.
+    ok, text = run_tool(["useradd", "-M", "-K", f"SUB_UID_MIN={first + 1000}", "-K", f"SUB_UID_MAX={first + 200_000}",
+                         "-K", "SUB_UID_COUNT=65536", "-K", f"SUB_GID_MIN={first + 1000}",
+                         "-K", f"SUB_GID_MAX={first + 200_000}", "-K", "SUB_GID_COUNT=65536",
+                         "--prefix", str(node.root), "adminsown"])
+    assert ok, text
+    admins = read_os_accounts(node.root).subuids["adminsown"]
+    assert admins == ((first + 1000, 65536),)
+    files_before = {f: (node.root / "etc" / f).read_text() for f in SUBID_FILES}
+    report = apply_plan(stale, prefix_root=node.root)
+    subuid = node.root / "etc" / "subuid"
+    assert (f"tenant 'mtta': its subordinate uids {first}-{first + count - 1} overlap 'adminsown''s "
+            f"{first + 1000}-{first + 1000 + 65535} in {subuid}; none added") in report.problems[0]
+    assert f"usermod --del-subuids {first + 1000}-{first + 1000 + 65535} adminsown" in report.problems[0]
+    assert {f: (node.root / "etc" / f).read_text() for f in SUBID_FILES} == files_before
+    assert read_os_accounts(node.root).users["mtta"][:2] == (a.uid, a.gid)  # the account itself is made
+
+
+def test_subordinate_ids_are_chosen_and_written_under_the_lock_the_shadow_tools_take(base):
+    """While we hold ROOT/etc/subuid.lock, a real usermod waits; once we let go, it writes."""
+    node = Node(base, "node")
+    (a,) = allocate(["mtta"])
+    assert node.apply([a]).ok
+    subuid = node.root / "etc" / "subuid"
+    before = subuid.read_text()
+    with shadow_lock(subuid):
+        usermod = subprocess.Popen(["usermod", "--add-subuids", "1500000000-1500065535", "--prefix",
+                                    str(node.root), "mtta"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            usermod.wait(2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        assert usermod.poll() is None and subuid.read_text() == before  # usermod waits for our lock
+    out, _ = usermod.communicate(timeout=60)
+    assert usermod.returncode == 0, out
+    assert read_os_accounts(node.root).subuids["mtta"][-1] == (1_500_000_000, 65_536)
+
+
+def test_a_range_written_while_the_node_waits_for_the_lock_is_seen_and_not_overlapped(base):
+    """A shadow tool holds ROOT/etc/subuid.lock (its pid, as they write it) and adds a range
+    where the tenant's goes; the node, waiting for the lock, checks what is there once it
+    has it, and refuses."""
+    node = Node(base, "node")
+    (a,) = allocate(["mtta"])
+    first, _count = subordinate_range(a.uid, RANGE)
+    plan = node.plan([a])
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    lock = node.root / "etc" / "subuid.lock"
+    try:
+        lock.write_bytes(f"{holder.pid}\0".encode())
+        reports = []
+        applying = threading.Thread(target=lambda: reports.append(apply_plan(plan, prefix_root=node.root)))
+        applying.start()
+        applying.join(1.0)
+        assert applying.is_alive() and "mtta:" not in (node.root / "etc" / "subuid").read_text()
+        node.add_subids_line(f"holders:{first + 5}:10")
+        lock.unlink()
+        applying.join(60)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not applying.is_alive()
+    (report,) = reports
+    assert any(f"overlap 'holders''s {first + 5}-{first + 14}" in p for p in report.problems), report.problems
+    got = read_os_accounts(node.root)
+    assert "mtta" not in got.subuids and "mtta" not in got.subgids

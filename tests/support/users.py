@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from mtgpu.accounts.apply import SubIdsRefused, add_subordinate_ids, remove_account
 from mtgpu.accounts.plan import subordinate_range
 
 UID_RANGE = (250_000, 259_999)
@@ -102,10 +103,13 @@ def temp_user(prefix: str = "mtt", *, uid_range: tuple[int, int] = UID_RANGE,
         out = subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout
         uid = int(out)
         gid = int(subprocess.run(["id", "-g", name], capture_output=True, text=True, check=True).stdout)
-        sub = subordinate_range(uid, uid_range)  # the node's formula, counted from this helper's range
+        sub = subordinate_range(uid, uid_range)  # the node's own range for this uid
         if sub is not None:
-            span = f"{sub[0]}-{sub[0] + sub[1] - 1}"
-            _retry_locked(["usermod", "--add-subuids", span, "--add-subgids", span, name])
+            # Added as the node adds them (under /etc/subuid's lock, never over another's range).
+            # A range taken by someone else on this machine is left out: only a test that runs
+            # containers as this user needs it, and podman's setup then says whose it is.
+            with contextlib.suppress(SubIdsRefused):
+                add_subordinate_ids(name, *sub)
         yield TempUser(name, uid, gid, home)
     finally:
         with contextlib.suppress(Exception):
@@ -158,7 +162,6 @@ def remove_tenant_accounts(names: Iterable[str | None], uid_range: tuple[int, in
     remove_account reported, for a caller that wants none."""
     import pwd
 
-    from mtgpu.accounts.apply import remove_account
     from mtgpu.server.member.accounts_agent import kill_processes_of
 
     problems: list[str] = []

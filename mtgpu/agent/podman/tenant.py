@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from ...accounts.apply import OsAccountsError, read_os_accounts
+from ...accounts.plan import subid_overlap
 from .. import state_key
 
 PODMAN = shutil.which("podman") or "/usr/bin/podman"
@@ -186,6 +187,13 @@ def subid_problem(uid: int, root: str = "/") -> str | None:
             if first <= own < first + count:
                 return (f"{name}'s subordinate {kind}s {first}-{first + count - 1} in /etc/sub{kind} include its own "
                         f"{kind} {own}, which rootless podman refuses; give it a range above TENANT_UID_RANGE")
+            other = subid_overlap(name, first, count, {k: v for k, v in table.items() if k != str(uid)})
+            if other is not None:
+                o_name, o_first, o_count = other
+                return (f"{name}'s subordinate {kind}s {first}-{first + count - 1} in /etc/sub{kind} overlap "
+                        f"{o_name!r}'s {o_first}-{o_first + o_count - 1}: its containers' files would be "
+                        f"{o_name!r}'s too, so they do not run; remove one of the two ranges "
+                        f"(usermod --del-sub{kind}s FIRST-LAST NAME) and restart mtgpu-server")
     return None
 
 

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtgpu.accounts.plan import (
+    MAX_ID,
     SUBID_BASE,
+    SUBID_BLOCKS,
     SUBID_COUNT,
     AccountPlan,
     GroupToCreate,
@@ -23,6 +25,8 @@ from mtgpu.accounts.plan import (
     UserToCreate,
     allocate_ids,
     plan_accounts,
+    subid_overlap,
+    subid_overlap_problem,
     subordinate_range,
     validate_tenant_name,
 )
@@ -233,9 +237,40 @@ def test_subordinate_ranges_are_derived_from_the_uid_and_never_overlap():
     b = subordinate_range(200_001, RANGE)
     assert a == (SUBID_BASE, SUBID_COUNT) and b == (SUBID_BASE + SUBID_COUNT, SUBID_COUNT)
     assert subordinate_range(199_999, RANGE) is None
-    assert subordinate_range(RANGE[1], RANGE) is None  # past 2**32: no room, planned with a warning
+    # a tenant SUBID_BLOCKS uids into its range would share its block with the range's first
+    assert subordinate_range(RANGE[0] + SUBID_BLOCKS, RANGE) is None
+    assert subordinate_range(RANGE[0] + SUBID_BLOCKS - 1, RANGE) is not None
     plan = plan_accounts([tenant("zed", RANGE[1])], make_os(), ROOT, "per-node", False)
     assert plan.add_subids == () and any("no room for subordinate ids" in w for w in plan.warnings)
+
+
+def test_the_first_tenants_of_two_uid_ranges_get_different_subordinate_ranges():
+    """Two nodes on one machine (different TENANT_UID_RANGEs) each give index 0 a range: the
+    range follows the uid, so they differ; the same uid gets the same range in any range."""
+    first_a = subordinate_range(330_000, (330_000, 339_999))
+    first_b = subordinate_range(340_000, (340_000, 349_999))
+    assert first_a is not None and first_b is not None and first_a != first_b
+    assert subordinate_range(335_000, (330_000, 339_999)) == subordinate_range(335_000, (300_000, 399_999))
+
+
+def test_the_default_range_keeps_the_subordinate_ranges_its_tenants_already_have():
+    """Upgrade: on the default TENANT_UID_RANGE the uid-keyed block is the one the earlier
+    (uid - first) formula gave, so members added later agree with the older ones."""
+    for index in (0, 1, 17, 4_096, SUBID_BLOCKS - 1):
+        assert subordinate_range(RANGE[0] + index, RANGE) == (SUBID_BASE + index * SUBID_COUNT, SUBID_COUNT)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(lo=st.integers(1_000, MAX_ID - 1), width=st.integers(1, 200_000), data=st.data())
+def test_two_tenants_of_one_range_never_share_subordinate_ids(lo, width, data):
+    hi = min(MAX_ID, lo + width)
+    u1 = data.draw(st.integers(lo, hi), label="u1")
+    u2 = data.draw(st.integers(lo, hi).filter(lambda u: u != u1), label="u2")
+    r1, r2 = subordinate_range(u1, (lo, hi)), subordinate_range(u2, (lo, hi))
+    for r in (r1, r2):
+        assert r is None or (SUBID_BASE <= r[0] and r[0] + r[1] - 1 <= MAX_ID and r[1] == SUBID_COUNT)
+    if r1 is not None and r2 is not None:
+        assert r1[0] + r1[1] <= r2[0] or r2[0] + r2[1] <= r1[0]
 
 
 def test_other_accounts_subordinate_ids_over_a_tenant_uid_are_warned_about():
@@ -246,11 +281,43 @@ def test_other_accounts_subordinate_ids_over_a_tenant_uid_are_warned_about():
     assert plan.create_users  # a warning, not a conflict
 
 
-def test_overlapping_subordinate_range_is_not_added():
+def test_the_plan_leaves_the_free_range_check_to_the_write_under_the_lock():
+    """The snapshot the plan sees may be stale by the time it is applied: the range is planned
+    as the tenant's own, and apply.add_subordinate_ids checks it under /etc/subuid's lock."""
     os_ = make_os(subuids={"other": ((SUBID_BASE + 10, 5),)})
     plan = plan_accounts([tenant("alice", 200_000)], os_, ROOT, "per-node", False)
+    assert plan.add_subids == (SubIdsToAdd("alice", SUBID_BASE, SUBID_COUNT),)
+
+
+def test_a_tenant_keeps_the_range_it_has_and_is_told_how_to_align_it():
+    """Upgrade: ranges the earlier formula gave (here a custom range's index 0) stay, since
+    the tenant's containers wrote files with them; the warning gives the usermod that aligns."""
+    rng = (330_000, 339_999)
+    old = ((SUBID_BASE, SUBID_COUNT),)
+    os_ = make_os(users={"alice": (330_000, 330_000, "/home/mtgpu/alice")}, groups={"alice": 330_000},
+                  subuids={"alice": old}, subgids={"alice": old})
+    plan = plan_accounts([tenant("alice", 330_000)], os_, ROOT, "per-node", False, uid_range=rng)
     assert plan.add_subids == ()
-    assert any("overlap 'other'" in w for w in plan.warnings)
+    first, count = subordinate_range(330_000, rng)
+    span = f"{first}-{first + count - 1}"
+    assert any(f"keeps its subordinate uids {SUBID_BASE}-{SUBID_BASE + SUBID_COUNT - 1}" in w
+               and f"usermod --del-subuids {SUBID_BASE}-{SUBID_BASE + SUBID_COUNT - 1} --add-subuids {span} alice"
+               in w for w in plan.warnings)
+    # one that already has the cluster's range hears nothing
+    same = ((first, count),)
+    quiet = plan_accounts([tenant("alice", 330_000)], make_os(users=os_.users, groups=os_.groups, subuids={
+        "alice": same}, subgids={"alice": same}), ROOT, "per-node", False, uid_range=rng)
+    assert quiet.warnings == () and quiet.add_subids == ()
+
+
+def test_subid_overlap_sees_every_owner_and_names_the_fix():
+    table = {"alice": [(SUBID_BASE, SUBID_COUNT)], "admin": [(SUBID_BASE + SUBID_COUNT - 1, 10)], "1234": [(5, 5)]}
+    assert subid_overlap("alice", SUBID_BASE, SUBID_COUNT, table) == ("admin", SUBID_BASE + SUBID_COUNT - 1, 10)
+    assert subid_overlap("bob", 7, 1, table) == ("1234", 5, 5)
+    assert subid_overlap("bob", 10, 100, table) is None  # [5, 10) ends where it starts
+    text = subid_overlap_problem("bob", "uid", "/etc/subuid", SUBID_BASE, SUBID_COUNT, ("admin", SUBID_BASE, 10))
+    assert f"subordinate uids {SUBID_BASE}-{SUBID_BASE + SUBID_COUNT - 1} overlap 'admin''s" in text
+    assert "/etc/subuid" in text and f"usermod --del-subuids {SUBID_BASE}-{SUBID_BASE + 9} admin" in text
 
 
 def test_bad_layout_and_relative_home_root_are_refused():
