@@ -1,0 +1,131 @@
+"""A job whose supervisor (its shim) is killed with the server (issue 23): it is never run
+a second time when it may have run to its end, and its record says what is known; a job
+killed by a restart of its machine is requeued when it may be (requeue=, JOB_REQUEUE).
+
+The machine's restart is simulated as the runner sees one: the job's processes are
+gone, and its start was recorded in another boot (started.json's boot id)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support.node import running_node, wait_for
+from tests.support.users import can_create_users
+
+if can_create_users():
+    pytest.skip(can_create_users(), allow_module_level=True)
+
+RTX1 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 1}]
+
+
+def marked_job(user, *directives: str) -> tuple[str, Path, Path]:
+    """A job that appends a line to its marker, then runs until its flag exists."""
+    tag = secrets.token_hex(4)
+    marker, flag = Path(user.home) / f"runs-{tag}", Path(user.home) / f"go-{tag}"
+    lines = "".join(f"#MTGPU {d}\n" for d in directives)
+    return f"#!/bin/bash\n{lines}echo run >> {marker}\nwhile [ ! -e {flag} ]; do sleep 0.05; done\n", marker, flag
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def started(node, jid: int) -> dict:
+    return json.loads((node.state_dir / "runs" / str(jid) / "started.json").read_text())
+
+
+def kill_server_and_shim(node, jid: int) -> None:
+    """SIGKILL the server's process group and the job's shim (not the job)."""
+    shim = json.loads((node.state_dir / "agent" / f"{jid}.json").read_text())["runner"]["shim_pid"]
+    assert b"shim.py" in Path(f"/proc/{shim}/cmdline").read_bytes()
+    os.killpg(node.proc.pid, signal.SIGKILL)
+    node.proc.wait(timeout=10)
+    os.kill(shim, signal.SIGKILL)
+    wait_for("the shim to be gone", lambda: not Path(f"/proc/{shim}").exists() or
+             Path(f"/proc/{shim}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def kill_the_job(node, jid: int) -> None:
+    """What a restart of the machine does to the job: its processes are gone."""
+    pid = started(node, jid)["pid"]
+    os.killpg(pid, signal.SIGKILL)
+    wait_for("the job's processes to be gone", lambda: not Path(f"/proc/{pid}").exists() or
+             Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def as_if_started_in_another_boot(node, jid: int) -> None:
+    path = node.state_dir / "runs" / str(jid) / "started.json"
+    path.write_text(json.dumps({**started(node, jid), "boot": "0" * 32}))
+
+
+def test_a_job_that_outlived_its_killed_supervisor_ends_failed_with_its_status_unknown_and_runs_once(alice):
+    with running_node(RTX1) as node:
+        script, marker, flag = marked_job(alice)
+        jid = node.submit_json(alice, script=script)["job_id"]
+        try:
+            wait_for("the job to write its marker", lambda: lines_of(marker) == ["run"], timeout_s=30)
+            kill_server_and_shim(node, jid)
+            node.start()
+            assert "its supervisor (shim) is gone" in node.server_log()
+            assert node.job(jid)["state"] == "running"
+            flag.touch()  # the job ends by itself, unsupervised
+            job = node.wait_state(jid, {"completed", "failed", "lost", "queued"}, timeout_s=30)
+            assert job["state"] == "failed" and job["exit_code"] is None, job
+            assert "its supervisor (the job's shim) was killed in this boot" in job["reason"], job["reason"]
+            assert "ran on without it until" in job["reason"] and "exit status is unknown" in job["reason"]
+            assert "not requeued" in job["reason"] and job["history"] == [] and job["attempt"] == 0
+            r = node.mt_job(alice, "show", "--json", str(jid))
+            assert r.returncode == 0 and json.loads(r.stdout)["reason"] == job["reason"]
+            node.wait_state(jid, "failed")
+            assert lines_of(marker) == ["run"]  # once
+        finally:
+            flag.touch()
+
+
+def test_a_job_killed_by_a_restart_of_its_machine_is_requeued_when_it_asked_to_be(alice):
+    with running_node(RTX1) as node:
+        script, marker, flag = marked_job(alice, "requeue=yes")
+        jid = node.submit_json(alice, script=script)["job_id"]
+        try:
+            wait_for("the job to write its marker", lambda: lines_of(marker) == ["run"], timeout_s=30)
+            kill_server_and_shim(node, jid)
+            kill_the_job(node, jid)
+            as_if_started_in_another_boot(node, jid)
+            node.start()
+            job = wait_for("the job to be requeued and run again",
+                           lambda: (j := node.job(jid))["attempt"] == 1 and j["state"] == "running" and j, timeout_s=30)
+            [h] = job["history"]
+            assert h["attempt"] == 0 and h["nodes"] == ["node-a"], h
+            assert "the machine restarted while it ran" in h["outcome"] and "requeued" in h["outcome"], h
+            wait_for("the second run's marker", lambda: lines_of(marker) == ["run", "run"], timeout_s=30)
+            flag.touch()
+            assert node.wait_state(jid, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
+        finally:
+            flag.touch()
+
+
+def test_job_requeue_false_in_the_config_is_the_default_a_job_can_override(alice):
+    with running_node(RTX1, JOB_REQUEUE=False) as node:
+        script, marker, flag = marked_job(alice)
+        jid = node.submit_json(alice, script=script)["job_id"]
+        try:
+            assert node.job(jid)["spec"]["requeue"] is False
+            wait_for("the job to write its marker", lambda: lines_of(marker) == ["run"], timeout_s=30)
+            kill_server_and_shim(node, jid)
+            kill_the_job(node, jid)
+            as_if_started_in_another_boot(node, jid)
+            node.start()
+            job = node.wait_state(jid, {"lost", "failed", "completed"}, timeout_s=30)
+            assert job["state"] == "lost" and "asked not to be requeued" in job["reason"], job
+            assert "the machine restarted while it ran" in job["reason"] and lines_of(marker) == ["run"]
+            # the job's own directive wins over the node's default
+            jid2 = node.submit_json(alice, "--requeue", "yes", "--wrap", "true")["job_id"]
+            assert node.wait_state(jid2, "completed")["spec"]["requeue"] is True
+        finally:
+            flag.touch()
