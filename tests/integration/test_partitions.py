@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from mtgpu.server.cluster.lease import lease_s
+from mtgpu.server.cluster.standing import clock_text
 from tests.support.cluster import member_name, running_cluster
 from tests.support.netlab import NetLab, netlab_missing
-from tests.support.node import wait_for
+from tests.support.node import PYTHON, wait_for
 
 
 def test_a_member_left_alone_says_no_scheduler_is_reachable_instead_of_showing_the_dead_as_up(alice):
@@ -37,6 +41,12 @@ def test_a_member_left_alone_says_no_scheduler_is_reachable_instead_of_showing_t
         dead = [n for n in view if n["name"] != member_name(alone)]
         assert len(dead) == 2 and all("no scheduler reachable from" in n["reason"] for n in dead), view
         assert all(n["role"].endswith("?") for n in dead), view  # the last known role, not a current one
+        # itself: degraded, and since when it reached no scheduler (it did reach one: not "since it started")
+        me = next(n for n in view if n["name"] == member_name(alone))
+        assert me["state"] == "degraded" and me["role"].endswith("(no scheduler)"), me
+        reached = me["standing"]["scheduler_reached_at"]
+        assert reached and f"no scheduler reachable since {clock_text(reached)}" in me["reason"], me
+        assert all("since it started" not in n["reason"] for n in view), view
         assert "warning: no scheduler reachable from" in stderr
         r = alone.mt_job(alice, "list")
         assert r.returncode == 0 and "warning: no scheduler reachable from" in r.stderr, r.stderr
@@ -115,3 +125,79 @@ def test_a_partition_the_minority_places_nothing_the_majority_goes_on_and_after_
         last_beat = max(float(x) for x in runs[0][1:] if x)
         later_start = min(float(run[0].split()[2]) for run in runs[1:])
         assert last_beat < later_start, "the cut-off attempt still ran when its copy started"
+
+
+def own_row(node) -> dict:
+    r = node.admin("nodes", "--json")
+    assert r.returncode == 0, r.stderr
+    return next(n for n in json.loads(r.stdout) if n["name"] == member_name(node))
+
+
+@pytest.mark.skipif(bool(netlab_missing()), reason=str(netlab_missing()))
+def test_a_scheduler_cut_off_alone_says_it_lost_the_majority_when_and_what_still_works_then_is_up_after_healing(
+        alice):
+    down_after_s = 6.0
+    with NetLab(3) as lab, running_cluster(3, lab=lab, down_after_s=down_after_s) as cl:
+        sched = cl.scheduler()
+        name = member_name(sched)
+        me = cl.members.index(sched)
+        others = [i for i in range(3) if i != me]
+        jid = sched.submit_json(alice, "--server", name, "--wrap", "sleep 600")["job_id"]
+        sched.wait_state(jid, "running", timeout_s=60)
+        with sched.client() as c:
+            assert c.health()["standing"]["health"] == "up"
+        cut_from = time.time()
+        lab.cut([me], others)
+        cut_done = time.time()
+
+        def lost():
+            with sched.client() as c:
+                h = c.health()
+            return h["standing"] if h["standing"]["lost"] == "majority" else None
+        st = wait_for("the cut-off scheduler to say it lost the majority", lost, timeout_s=60, interval_s=0.5)
+        assert st["health"] == "degraded" and not st["in_touch"], st
+        lost_at = st["majority_lost_at"]
+        assert cut_from - 10 <= lost_at <= cut_done + 1, (cut_from, lost_at, cut_done)
+        assert f"{name} was the scheduler and lost the majority of the voters at {clock_text(lost_at)}" \
+            in st["problem"] and "since it started" not in st["problem"], st
+        # its job runs until the lease ends, never later than lease_s after the majority last answered
+        assert lost_at + lease_s(down_after_s) - 3 <= st["jobs_stop_at"] <= lost_at + lease_s(down_after_s) + 0.01
+        assert any("logs of the jobs that ran on this member" in w for w in st["works"]), st
+        assert any("submitting" in f for f in st["fails"]) and any("placing jobs" in f for f in st["fails"]), st
+
+        # mtgpu-admin nodes: JSON and the table at 80 columns; pysyncobj may stop calling it
+        # the leader meanwhile, and the moment it lost the majority stays the same
+        row = own_row(sched)
+        assert row["role"] == "scheduler (no majority)" and row["state"] == "degraded", row
+        assert abs(row["standing"]["majority_lost_at"] - lost_at) < 0.1, (row, lost_at)
+        r = subprocess.run([PYTHON, "-m", "mtgpu.cli.admin", "nodes"], env={**sched.env_for(), "COLUMNS": "80"},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80, r.stdout
+        head = next(line for line in lines if line.startswith(name + " "))
+        assert "scheduler" in head and "degraded" in head and " up " not in head, r.stdout
+        assert f"{name} (degraded): lost the majority at {clock_text(lost_at)}" in r.stdout, r.stdout
+        assert f"{name} still serves:" in r.stdout and f"{name} cannot do now:" in r.stdout, r.stdout
+        assert "lost the majority of the voters" in r.stderr, r.stderr  # the warning every answer carries
+
+        # mtgpu-setup status: the same, as the installer's words
+        r = sched.run_cli("mtgpu.cli.setup", None, "status", "--json", "--config", str(sched.config_path))
+        doc = json.loads(r.stdout)
+        assert doc["node"]["role"] == "leader (no majority)", doc["node"]
+        assert abs(doc["node"]["standing"]["majority_lost_at"] - lost_at) < 0.1, doc["node"]
+        r = sched.run_cli("mtgpu.cli.setup", None, "status", "--config", str(sched.config_path))
+        assert "role:     leader (no majority) of the cluster test-lab" in r.stdout, r.stdout
+        assert f"health:   degraded: {name} was the scheduler and lost the majority" in r.stdout, r.stdout
+
+        cl.scheduler(among=[cl.members[i] for i in others])  # the majority goes on
+        lab.heal()
+
+        def normal():
+            with sched.client() as c:
+                h = c.health()
+            row = own_row(sched)
+            return (h, row) if h["standing"]["in_touch"] and row["state"] == "up" else None
+        h, row = wait_for("the healed member to show normal again", normal, timeout_s=90, interval_s=0.5)
+        assert h["standing"]["health"] == "up" and h["standing"]["majority_lost_at"] is None, h["standing"]
+        assert row["role"] in ("scheduler", "voter") and "standing" not in row, row

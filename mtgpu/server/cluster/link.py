@@ -483,7 +483,8 @@ class ClusterLink:
         lease = self.member.lease if self.member is not None else None
         facts = Facts(self.node_name, now, time.time(), leads, self._majority_heard_at, self._last_report_ok,
                       self._started_at, MAJORITY_STALE_S, 3 * REPORT_EVERY_S,
-                      lease.at + lease.timeout_s if lease is not None and lease.at else None)
+                      lease.at + lease.timeout_s if lease is not None and lease.at else None,
+                      other_leader=not leads and self.store.leader_address() not in (None, self.raft_self))
         standing = decide(facts)
         if standing.in_touch:
             return standing

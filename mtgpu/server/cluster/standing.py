@@ -31,6 +31,7 @@ class Facts:
     stale_after_s: float          # a leader this long without a majority's answer places nothing
     report_fresh_s: float         # a member whose last report taken is younger is in touch
     lease_ends_at: float | None = None  # when the jobs' lease here lapses and the shims stop them (None: no lease)
+    other_leader: bool = False    # its replica knows a Raft leader other than itself
     jobs_here: int = 0            # jobs and workspaces running here, as its replica has them
 
 
@@ -89,10 +90,12 @@ def decide(f: Facts) -> Standing:
     """The member's standing from its facts (see the module's docstring)."""
     if f.leads and f.now - f.majority_heard_at <= f.stale_after_s:
         return Standing(True)
-    # A scheduler that just handed over counts as in touch until its first report is
-    # taken (within a report or two), as a member just heard counts in touch.
-    last = max(f.majority_heard_at, f.report_taken_at)
-    if not f.leads and last and f.now - last < f.report_fresh_s:
+    if not f.leads and f.report_taken_at and f.now - f.report_taken_at < f.report_fresh_s:
+        return Standing(True)
+    # A scheduler that just handed over to another leader counts as in touch until its
+    # first report is taken (within a report or two). One that Raft stopped calling the
+    # leader because it hears no majority knows no other leader: it is cut off.
+    if not f.leads and f.other_leader and f.majority_heard_at and f.now - f.majority_heard_at < f.report_fresh_s:
         return Standing(True)
     was_scheduler = f.leads or (f.majority_heard_at > 0 and f.majority_heard_at >= f.report_taken_at)
     heard = f.majority_heard_at if was_scheduler else f.report_taken_at

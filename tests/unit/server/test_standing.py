@@ -66,8 +66,15 @@ def test_the_last_contact_decides_the_role_it_lost():
     s = decide(facts(majority_heard_at=NOW - 60.0, report_taken_at=NOW - 10.0))
     assert s.lost == "scheduler"
     # a scheduler that just handed over is in touch until its first report as a member is taken
-    assert decide(facts(majority_heard_at=NOW - 1.0)).in_touch
+    assert decide(facts(majority_heard_at=NOW - 1.0, other_leader=True)).in_touch
     assert decide(facts(report_taken_at=NOW - 2.9)).in_touch
+
+
+def test_a_scheduler_raft_stopped_calling_leader_a_moment_ago_is_cut_off_unless_another_leads():
+    # pysyncobj drops a leader whose followers' connections broke before its fallback
+    # timeout: it knows no other leader, so it is not a handover
+    s = decide(facts(majority_heard_at=NOW - 2.0, other_leader=False))
+    assert not s.in_touch and s.lost == "majority" and s.role("voter") == "scheduler (no majority)"
 
 
 def test_what_works_says_until_when_the_jobs_here_run_and_that_they_are_then_stopped():
