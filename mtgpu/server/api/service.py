@@ -289,6 +289,7 @@ class MemberService:
         telemetry = self.member.scheduler.telemetry if self.member.is_scheduler() else \
             {self.node_name: self.member.local_telemetry}
         voters = set(self.member.link.voter_names())
+        gaps = self.member.scheduler.longest_gap_s if self.member.is_scheduler() else {}
         out = []
         with self.store.lock:
             snapshot = build_snapshot(machine, telemetry)
@@ -312,6 +313,7 @@ class MemberService:
                 "mem_available_bytes": node.mem_available_measured_bytes,
                 "cpu_util_pct": tel.host.cpu_util_pct if tel and tel.host else None,
                 "reported_at": tel.reported_at if tel else None,
+                "longest_report_gap_s": gaps.get(node.name),
                 "running_jobs": [j.id for j in running if any(a.node == node.name for a in j.allocations)],
                 "containers": rec.containers,
                 "gpus": [{

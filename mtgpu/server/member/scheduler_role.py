@@ -46,6 +46,10 @@ class SchedulerRole:
     _usage: dict = field(default_factory=dict)
     timings: SchedulerTimings = field(default_factory=SchedulerTimings)  # /metrics reads it (server/metrics.py)
     _usage_at: float = -1e18
+    # The longest time between two reports of each member taken by this scheduler (soft,
+    # since it schedules; its own member's are its loop's telemetry passes): how close a
+    # busy member came to MEMBER_DOWN_AFTER_S (nodes --json, bench/busy_members.py).
+    longest_gap_s: dict[str, float] = field(default_factory=dict)
 
     def report(self, node: str, telemetry: NodeTelemetry) -> bool:
         """Keep a member's report; True when a pass should see it at once: the member's
@@ -54,7 +58,14 @@ class SchedulerRole:
         each report would run back to back once a thousand members report each second."""
         before = self.telemetry.get(node)
         self.telemetry[node] = telemetry
-        return before is None or telemetry.heard_mono - before.heard_mono > NEWS_AFTER_S
+        if before is None:
+            return True
+        gap = telemetry.heard_mono - before.heard_mono
+        if self.epoch is not None:
+            counted = telemetry.heard_mono - max(before.heard_mono, self.leader_since_mono)
+            if counted > self.longest_gap_s.get(node, 0.0):
+                self.longest_gap_s[node] = counted
+        return gap > NEWS_AFTER_S
 
     def step_down(self) -> None:
         self.epoch = None
@@ -91,6 +102,7 @@ class SchedulerRole:
         self.epoch = term
         self.leader_since = now
         self.leader_since_mono = self.monotonic()
+        self.longest_gap_s = {}
         log.info("%s schedules now (epoch %d)", self.node_name, term)
         return True
 
