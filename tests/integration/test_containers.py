@@ -18,6 +18,7 @@ import pytest
 from tests.support.images import busybox_image, busybox_rootfs, podman_missing
 from tests.support.cluster import running_cluster
 from tests.support.node import running_node, wait_for
+from tests.support.runs import kill_server_and_shim, lines_of, marked_job
 from tests.support.users import can_create_users
 
 if can_create_users() or podman_missing():
@@ -259,6 +260,25 @@ def test_a_server_restart_reattaches_a_running_container_and_removes_one_left_be
     job = cnode.wait_state(jid, {"completed", "failed"}, timeout_s=60)
     flag.unlink()
     assert job["exit_code"] == 7 and "finished" in log_of(cnode, alice, jid)
+
+
+def test_a_container_job_that_outlived_its_killed_supervisor_fails_with_its_status_unknown_and_runs_once(
+        cnode, alice, image):
+    script, marker, flag = marked_job(alice, f"container={image}", shell="/bin/sh")
+    jid = cnode.submit_json(alice, script=script)["job_id"]
+    try:
+        wait_for("the job to write its marker", lambda: lines_of(marker) == ["run"], timeout_s=60)
+        kill_server_and_shim(cnode, jid)  # podman's client and the container run on
+        cnode.start()
+        assert cnode.job(jid)["state"] == "running"
+        flag.touch()
+        job = cnode.wait_state(jid, {"completed", "failed", "lost", "queued"}, timeout_s=60)
+        assert job["state"] == "failed" and job["exit_code"] is None and job["history"] == [], job
+        assert "exit status is unknown" in job["reason"] and "not requeued" in job["reason"], job["reason"]
+        cnode.wait_state(jid, "failed")
+        assert lines_of(marker) == ["run"]
+    finally:
+        flag.touch()
 
 
 def test_an_archive_that_fails_its_digest_is_never_loaded(cnode, tenant, image):

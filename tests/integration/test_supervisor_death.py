@@ -8,60 +8,17 @@ gone, and its start was recorded in another boot (started.json's boot id)."""
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import signal
-from pathlib import Path
 
 import pytest
 
 from tests.support.node import running_node, wait_for
+from tests.support.runs import as_if_started_in_another_boot, kill_server_and_shim, kill_the_job, lines_of, marked_job
 from tests.support.users import can_create_users
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
 
 RTX1 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 1}]
-
-
-def marked_job(user, *directives: str) -> tuple[str, Path, Path]:
-    """A job that appends a line to its marker, then runs until its flag exists."""
-    tag = secrets.token_hex(4)
-    marker, flag = Path(user.home) / f"runs-{tag}", Path(user.home) / f"go-{tag}"
-    lines = "".join(f"#MTGPU {d}\n" for d in directives)
-    return f"#!/bin/bash\n{lines}echo run >> {marker}\nwhile [ ! -e {flag} ]; do sleep 0.05; done\n", marker, flag
-
-
-def lines_of(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def started(node, jid: int) -> dict:
-    return json.loads((node.state_dir / "runs" / str(jid) / "started.json").read_text())
-
-
-def kill_server_and_shim(node, jid: int) -> None:
-    """SIGKILL the server's process group and the job's shim (not the job)."""
-    shim = json.loads((node.state_dir / "agent" / f"{jid}.json").read_text())["runner"]["shim_pid"]
-    assert b"shim.py" in Path(f"/proc/{shim}/cmdline").read_bytes()
-    os.killpg(node.proc.pid, signal.SIGKILL)
-    node.proc.wait(timeout=10)
-    os.kill(shim, signal.SIGKILL)
-    wait_for("the shim to be gone", lambda: not Path(f"/proc/{shim}").exists() or
-             Path(f"/proc/{shim}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
-
-
-def kill_the_job(node, jid: int) -> None:
-    """What a restart of the machine does to the job: its processes are gone."""
-    pid = started(node, jid)["pid"]
-    os.killpg(pid, signal.SIGKILL)
-    wait_for("the job's processes to be gone", lambda: not Path(f"/proc/{pid}").exists() or
-             Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
-
-
-def as_if_started_in_another_boot(node, jid: int) -> None:
-    path = node.state_dir / "runs" / str(jid) / "started.json"
-    path.write_text(json.dumps({**started(node, jid), "boot": "0" * 32}))
 
 
 def test_a_job_that_outlived_its_killed_supervisor_ends_failed_with_its_status_unknown_and_runs_once(alice):

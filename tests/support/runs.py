@@ -1,0 +1,59 @@
+"""A job's run as its member's runner keeps it on disk (STATE_DIR/runs, STATE_DIR/agent),
+and what a test does to it: kill its server and its supervisor (shim), or make it look
+like a run the machine's restart killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+from pathlib import Path
+
+from tests.support.node import wait_for
+
+
+def marked_job(user, *directives: str, shell: str = "/bin/bash") -> tuple[str, Path, Path]:
+    """A job that appends a line to its marker, then runs until its flag exists (the
+    marker and the flag are in the tenant's home): its script, marker and flag."""
+    tag = secrets.token_hex(4)
+    marker, flag = Path(user.home) / f"runs-{tag}", Path(user.home) / f"go-{tag}"
+    lines = "".join(f"#MTGPU {d}\n" for d in directives)
+    return f"#!{shell}\n{lines}echo run >> {marker}\nwhile [ ! -e {flag} ]; do sleep 0.1; done\n", marker, flag
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def started(node, jid: int) -> dict:
+    return json.loads((node.state_dir / "runs" / str(jid) / "started.json").read_text())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def kill_server_and_shim(node, jid: int) -> None:
+    """SIGKILL the server's process group and the job's shim (not the job)."""
+    shim = json.loads((node.state_dir / "agent" / f"{jid}.json").read_text())["runner"]["shim_pid"]
+    assert b"shim.py" in Path(f"/proc/{shim}/cmdline").read_bytes()
+    os.killpg(node.proc.pid, signal.SIGKILL)
+    node.proc.wait(timeout=10)
+    os.kill(shim, signal.SIGKILL)
+    wait_for("the shim to be gone", lambda: _gone(shim))
+
+
+def kill_the_job(node, jid: int) -> None:
+    """What a restart of the machine does to the job: its processes are gone."""
+    pid = started(node, jid)["pid"]
+    os.killpg(pid, signal.SIGKILL)
+    wait_for("the job's processes to be gone", lambda: _gone(pid))
+
+
+def as_if_started_in_another_boot(node, jid: int) -> None:
+    path = node.state_dir / "runs" / str(jid) / "started.json"
+    path.write_text(json.dumps({**started(node, jid), "boot": "0" * 32}))
