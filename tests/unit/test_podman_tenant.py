@@ -1,12 +1,14 @@
-"""A tenant's rootless pause process (agent/podman/tenant.py): the node starts it only when
-the pid in pause.pid is not a live process of the tenant's, read through psutil."""
+"""A tenant's rootless podman setup (agent/podman/tenant.py): the node starts the pause
+process only when the pid in pause.pid is not a live process of the tenant's, read through
+psutil, and refuses subordinate ids that another account shares."""
 
 import os
+import pwd
 import subprocess
 
 import pytest
 
-from mtgpu.agent.podman.tenant import PodmanHost, PodmanSetupError, TenantPodman, pause_running
+from mtgpu.agent.podman.tenant import PodmanHost, PodmanSetupError, TenantPodman, pause_running, subid_problem
 
 
 class RecordingTenant(TenantPodman):
@@ -59,3 +61,27 @@ def test_a_pause_process_that_cannot_start_names_the_uid_and_podmans_error(tmp_p
     t = tenant(tmp_path, os.getuid(), None, returncode=125)
     with pytest.raises(PodmanSetupError, match=f"podman could not start for uid {os.getuid()}: Error: no podman here"):
         PodmanHost(tmp_path / "state").ensure_pause(t)
+
+
+def _subid_root(tmp_path, subuid: str, subgid: str):
+    (tmp_path / "etc").mkdir()
+    for name in ("passwd", "group"):
+        (tmp_path / "etc" / name).write_text(open(f"/etc/{name}").read())
+    (tmp_path / "etc" / "subuid").write_text(subuid)
+    (tmp_path / "etc" / "subgid").write_text(subgid)
+    return str(tmp_path)
+
+
+def test_a_subordinate_range_shared_with_another_account_is_refused_naming_both(tmp_path):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    mine = f"{me}:1000000000:65536\n"
+    root = _subid_root(tmp_path, mine + "other:1000065000:1000\n", mine)
+    why = subid_problem(os.getuid(), root)
+    assert why is not None and f"{me}'s subordinate uids 1000000000-1000065535 in /etc/subuid overlap 'other''s " \
+                               "1000065000-1000065999" in why and "usermod --del-subuids" in why
+
+
+def test_a_subordinate_range_of_its_own_is_no_problem(tmp_path):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    mine = f"{me}:1000000000:65536\n"
+    assert subid_problem(os.getuid(), _subid_root(tmp_path, mine + "other:1000065536:65536\n", mine)) is None
