@@ -25,3 +25,4 @@ def test_a_deterministic_set_of_bad_inputs_gets_refusals_never_a_crash_a_5xx_or_
             stop_node_and_remove_tenants(node, [getattr(report, "joined_tenant", None)], UID_RANGE)
     assert report.cases >= 600 and report.refused > 0
     assert (report.crashes, report.server_errors, report.changed_after_refusal) == (0, 0, 0), report.examples
+    assert report.unchecked == 0, "every refusal's effect is compared"

@@ -8,8 +8,13 @@ What counts as a failure:
   ConfigError (any other exception) when parsed;
 - `server_errors`: an answer 500 or above (a refusal must be a 4xx that names the thing);
 - `changed_after_refusal`: a refused submission or workspace creation that still took a
-  job id (the node's `next_job_id` moved), or a refused tenant change that changed the
-  tenants' list.
+  job id (the node's `next_job_id` moved), or a refused tenant change (`/v1/tenants...`,
+  `/v1/join`) that changed the tenants' list (names, uids, clusters, shares, keys, as root
+  reads it with `GET /v1/tenants`);
+- `unchecked`: refusals whose effect could not be compared (the tenants' list or the next
+  job id could not be read before or after): said, never counted as clean. A tenant's
+  own process cannot read the tenants' list, so its refused tenant changes are compared
+  once over its whole run, by root, before and after (`fuzz_node`).
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ class Report:
     changed_after_refusal: int = 0
     refused: int = 0
     accepted: int = 0
+    unchecked: int = 0
+    tenants_unread: int = 0  # refused tenant changes whose caller could not read the list (see fuzz_node)
     examples: list = field(default_factory=list)
 
     def note(self, what: str, detail) -> None:
@@ -135,13 +142,32 @@ def config_cases(rng: random.Random, n: int, report: Report) -> None:
 QUERIES = ["all=true", "active=1", "offset=-5", "offset=99999999999", "tail=x", "tail=-1", "rank=99", "all=maybe",
            "offset=0&tail=0", "x=%00"]
 CREATING = {("POST", "/v1/jobs"), ("POST", "/v1/workspaces")}
+COUNTED = ("cases", "crashes", "server_errors", "changed_after_refusal", "refused", "accepted", "unchecked",
+           "tenants_unread")
+
+
+def changes_tenants(method: str, template: str) -> bool:
+    return method == "POST" and (template.startswith("/v1/tenants") or template == "/v1/join")
+
+
+def tenants_of(client: httpx.Client) -> list | None:
+    """The tenants' list as the socket's caller reads it (root: all of it), or None when it cannot."""
+    try:
+        r = client.get("/v1/tenants")
+        return r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 def api_cases(client: httpx.Client, routes: list[tuple[str, str]], n: int, seed: int, report: Report,
-              sign=None) -> None:
+              sign=None, observer: httpx.Client | None = None) -> None:
     """`n` requests to random routes with random paths, queries and bodies. `sign(method,
-    path, body)` gives the headers of a signed request (the network API); None: the socket."""
+    path, body)` gives the headers of a signed request (the network API); None: the socket.
+    `observer` (the socket as root) reads the tenants' list around a tenant change; None:
+    `client` itself, when it is the socket (a tenant's reading is refused: then unchecked)."""
     rng = random.Random(seed)
+    if observer is None and sign is None:
+        observer = client
 
     def next_id() -> int | None:
         try:
@@ -163,6 +189,8 @@ def api_cases(client: httpx.Client, routes: list[tuple[str, str]], n: int, seed:
         headers = {"content-type": "application/json", **(sign(method, path, raw) if sign else {})}
         creating = (method, template) in CREATING
         before = next_id() if creating else None
+        tenant_change = changes_tenants(method, template)
+        tenants_before = tenants_of(observer) if tenant_change and observer is not None else None
         report.cases += 1
         try:
             r = client.request(method, path, content=raw if method == "POST" else None, headers=headers)
@@ -176,9 +204,21 @@ def api_cases(client: httpx.Client, routes: list[tuple[str, str]], n: int, seed:
                                          "status": r.status_code, "answer": r.text[:300]})
         elif r.status_code >= 400:
             report.refused += 1
-            if creating and before is not None and next_id() != before:
-                report.changed_after_refusal += 1
-                report.note("changed after refusal", {"request": f"{method} {path}", "answer": r.text[:300]})
+            if creating:
+                after = next_id() if before is not None else None
+                if before is None or after is None:
+                    report.unchecked += 1
+                elif after != before:
+                    report.changed_after_refusal += 1
+                    report.note("changed after refusal", {"request": f"{method} {path}", "answer": r.text[:300]})
+            if tenant_change:
+                tenants_after = tenants_of(observer) if tenants_before is not None else None
+                if tenants_before is None or tenants_after is None:
+                    report.tenants_unread += 1
+                elif tenants_after != tenants_before:
+                    report.changed_after_refusal += 1
+                    report.note("tenants changed after refusal", {"request": f"{method} {path}",
+                                                                  "answer": r.text[:300]})
         else:
             report.accepted += 1
             if creating:  # keep the node quiet: what was accepted is cancelled at once
@@ -222,6 +262,8 @@ def fuzz_node(node, tenant, n: int, seed: int, tmp_dir, python: str, root_dir: s
             "r = Report()\nwith socket_client(sys.argv[1]) as c:\n"
             "    api_cases(c, app_routes(stub_apps()[0]), int(sys.argv[2]), int(sys.argv[3]), r)\n"
             "print(json.dumps(r.__dict__))\n")
+    with socket_client(str(node.socket_path)) as root:
+        tenants_before = tenants_of(root)
     w = subprocess.run([python, "-c", code, str(node.socket_path), str(n * 3 // 10), str(seed + 2)],
                        user=tenant.uid, group=tenant.gid, extra_groups=[], capture_output=True, text=True,
                        cwd=tenant.home, timeout=max(600, n), env={"PATH": "/usr/bin:/bin", "HOME": tenant.home,
@@ -229,7 +271,18 @@ def fuzz_node(node, tenant, n: int, seed: int, tmp_dir, python: str, root_dir: s
     if w.returncode != 0:
         raise RuntimeError(f"the tenant's fuzz worker failed: {w.stderr[-2000:]}")
     part = json.loads(w.stdout)
-    for k in ("cases", "crashes", "server_errors", "changed_after_refusal", "refused", "accepted"):
+    with socket_client(str(node.socket_path)) as root:
+        tenants_after = tenants_of(root)
+    # A tenant may change no tenant: its own refused tenant changes (unchecked one by one,
+    # it cannot read the list) are checked here, over its whole run.
+    if tenants_before is None or tenants_after is None:
+        part["unchecked"] += part["tenants_unread"]
+    elif tenants_after != tenants_before:
+        report.changed_after_refusal += 1
+        report.note("tenants changed by a tenant's requests", {"before": repr(tenants_before)[:300],
+                                                               "after": repr(tenants_after)[:300]})
+    part["tenants_unread"] = 0
+    for k in COUNTED:
         setattr(report, k, getattr(report, k) + part[k])
     report.examples += part["examples"][:20 - len(report.examples)]
     name = f"tf{random.Random(seed).randrange(10**6)}"
@@ -239,14 +292,16 @@ def fuzz_node(node, tenant, n: int, seed: int, tmp_dir, python: str, root_dir: s
     key_path = Path(tmp_dir) / name
     public_key = generate_key_pair(key_path)
     base = f"http://127.0.0.1:{node.port}"
-    with httpx.Client(base_url=base, timeout=30) as c:
+    with httpx.Client(base_url=base, timeout=30) as c, socket_client(str(node.socket_path)) as root:
         j = c.post("/v1/join", json={"code": json.loads(invite.stdout)["code"], "key": public_key})
         if j.status_code != 200:
             raise RuntimeError(f"join failed: {j.text}")
         key = load_private_key(key_path)
         routes = [r for r in app_routes(public) if not r[1].startswith("/cluster/")]
         api_cases(c, routes, n - report.cases, seed + 3, report,
-                  sign=lambda m, p, b: sign_headers(key, name, m, p, b))
+                  sign=lambda m, p, b: sign_headers(key, name, m, p, b), observer=root)
+    report.unchecked += report.tenants_unread  # the root and network phases have an observer: none expected
+    report.tenants_unread = 0
     report.joined_tenant = name  # type: ignore[attr-defined]
     if node.proc.poll() is not None:
         report.crashes += 1
