@@ -10,11 +10,31 @@
 # and the VS Code extension's checks (clients/vscode/ci.sh: npm ci, type-check, node --test
 # against a real node, vsce package). Each part's output is printed whole, one after the
 # other. With arguments: one pytest with them.
+#
+# MTGPU_TEST_LOAD=N runs N CPU-spinning processes beside it all (bench/hog.py: bounded to an
+# hour, killed by pid when this script ends), so the suite is shown to pass on a busy machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
 VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
 PYTEST=("$VENV/bin/python" -m pytest -q -p no:cacheprovider)
+LOAD=${MTGPU_TEST_LOAD:-0}
+if ! [[ "$LOAD" =~ ^[0-9]+$ ]]; then
+  echo "MTGPU_TEST_LOAD=$LOAD: give a whole number of CPU-spinning processes to run beside the tests (e.g. 2), or 0" >&2
+  exit 2
+fi
+hog_pid=""
+out=""
+cleanup() {
+  if [ -n "$hog_pid" ]; then kill "$hog_pid" 2>/dev/null || true; wait "$hog_pid" 2>/dev/null || true; fi
+  if [ -n "$out" ]; then rm -rf "$out"; fi
+}
+trap cleanup EXIT
+if [ "$LOAD" -gt 0 ]; then
+  "$VENV/bin/python" bench/hog.py --cpus "$LOAD" --seconds 3600 &
+  hog_pid=$!
+  echo "MTGPU_TEST_LOAD=$LOAD: $LOAD CPU-spinning processes run beside the tests (bench/hog.py, pid $hog_pid)"
+fi
 
 no_tests() {
   echo "no tests were collected: that is a failure" >&2
@@ -40,7 +60,6 @@ for f in tests/integration/test_*.py; do
 done
 
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
 nice -n 10 "${PYTEST[@]}" tests/unit > "$out/unit.log" 2>&1 &
 unit_pid=$!
 MTGPU_VENV="$VENV" nice -n 10 bash clients/vscode/ci.sh > "$out/vscode.log" 2>&1 &
