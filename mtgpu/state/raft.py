@@ -4,7 +4,9 @@ This is the only module that imports pysyncobj. Exactly one replicated method
 exists, `apply_command` (pysyncobj also aliases it `apply_command_v0`): pysyncobj numbers
 replicated methods by their sorted names, so adding a method would renumber the
 entries of existing journals. New behaviour arrives as new *command names*
-inside the payload (state.commands), never as new methods.
+inside the payload (state.commands), never as new methods. Each command handed to
+pysyncobj carries its checksum, and the snapshot the machine's (state/checksums.py),
+checked before the replica opens (raft_files.py).
 
 Traffic between members is encrypted and authenticated by pysyncobj's password,
 derived from the cluster secret: a machine without the secret can neither join
@@ -44,6 +46,7 @@ from pysyncobj.syncobj import SyncObjException
 if socket.inet_ntop is not _socket.inet_ntop:
     socket.inet_ntop = _socket.inet_ntop
 
+from .checksums import seal_command, seal_state, state_problem, unsealed
 from .machine import StateMachine
 from .raft_files import check_replica_files, stop_on_full_disk
 from .raft_route import routed_transport
@@ -79,6 +82,7 @@ class _ReplicatedMachine(SyncObjConsumer):
 
     @replicated
     def apply_command(self, command: dict) -> dict:
+        command = unsealed(command)  # its checksum is checked where the journal is read (raft_files.py)
         with self.lock:
             result = self.machine.apply(command)
         if self.on_applied is not None:
@@ -89,10 +93,17 @@ class _ReplicatedMachine(SyncObjConsumer):
         return result
 
     def _serialize(self):
+        # The machine's checksum beside it (checksums.py); an older member reads the same
+        # format and ignores it. Only this thread (pysyncobj's) changes the machine, so
+        # the dict is encoded for its checksum outside the lock.
         with self.lock:
-            return {"format": "mtgpu-state-v1", "machine": self.machine.to_dict()}
+            state = {"format": "mtgpu-state-v1", "machine": self.machine.to_dict()}
+        return seal_state(state)
 
     def _deserialize(self, data):
+        why = state_problem(data)
+        if why:  # checked at start too (raft_files.py); never load a changed state
+            raise ValueError(f"the replicated state's snapshot {why}")
         with self.lock:
             self.machine = StateMachine.from_dict(data["machine"])
 
@@ -297,7 +308,7 @@ class RaftState:
                                                 in_flux=fail_reason in _IN_FLUX))
 
         try:
-            consumer.apply_command(command, callback=done)
+            consumer.apply_command(seal_command(command), callback=done)
         except SyncObjException as e:
             done(None, e.errorCode)
         except Exception as e:  # e.g. the replica closed under us: answer, never hang

@@ -14,6 +14,15 @@ The layouts read here are pysyncobj 0.3's (journal.py, serializer.py): a journal
 40-byte header (name, version, format, end of the last record) and records of
 [size][index, term, command][size]; a snapshot is a gzip'd pickle of (state, last
 entry, the entry before it).
+
+Checksums (state/checksums.py): every command mtgpu hands pysyncobj carries the CRC-32
+of its JSON text, and the state in a snapshot the CRC-32 of the machine's; both are
+checked here, so a changed byte in an entry (a job's script, its uid) is refused at
+start instead of being replayed. A snapshot's file is read to its end, which checks
+gzip's own CRC-32 of every byte of the pickle too. Entries written before checksums
+(without one, and with exactly a command's fields) are accepted as they are: pysyncobj
+drops them at its next log compaction, when the snapshot that replaces them is written
+with a checksum. pysyncobj's own entries (no-ops, membership changes) carry none.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import sys
 import zlib
 from pathlib import Path
 
+from .checksums import command_problem, state_problem
 from .journal import JournalCorrupt
 
 _NAME = b"PYSYNCOBJ"
@@ -42,8 +52,9 @@ def _refuse(path: Path, what: str, replica_files: list[Path]) -> JournalCorrupt:
         f"this member's copy of the cluster state is damaged: {path} {what}. Its entries cannot be trusted, so "
         f"the member does not start on them. Fix: move this replica's files aside (mkdir -p {path.parent}/damaged "
         f"&& mv {names} {path.parent}/damaged/) and start again: the member then fetches the state from the "
-        "other members, which hold every committed entry (on a cluster of one member, restore "
-        f"{path.parent} from a backup instead: its state is nowhere else)")
+        "other members, which hold every committed entry (one member at a time, with the others up: until it has "
+        f"fetched the state, theirs are the only copies; on a cluster of one member, restore {path.parent} from a "
+        "backup instead: its state is nowhere else)")
 
 
 def check_replica_files(journal: Path, dump: Path) -> None:
@@ -94,12 +105,32 @@ def _journal_problem(data: bytes) -> str | None:
             return f"has entry {index} at byte {at} of an unknown kind ({command[0]})"
         if command[0] != 1:  # every kind but the no-op carries a pickled body
             try:
-                pickle.loads(command[1:])
+                body = pickle.loads(command[1:])
             except Exception as e:  # noqa: BLE001 - any failure to read it is damage
                 return f"has entry {index} at byte {at} that cannot be read ({type(e).__name__})"
+            if command[0] == 0:  # a regular entry: (method id, (mtgpu's command,))
+                why = _regular_problem(body)
+                if why:
+                    return f"has entry {index}{_command_name(body)} at byte {at} {why}: it was changed on disk"
         previous = (index, term)
         at += size + 8
     return None
+
+
+def _regular_problem(body: object) -> str | None:
+    if not (isinstance(body, tuple) and len(body) == 2 and isinstance(body[0], int)
+            and isinstance(body[1], tuple) and len(body[1]) == 1):
+        return "that is not a call of the state machine's one replicated method"
+    return command_problem(body[1][0])
+
+
+def _command_name(body: object) -> str:
+    """' (job.submit.v1)': the damaged entry's command name where it can be read."""
+    try:
+        name = body[1][0]["cmd"]  # type: ignore[index]
+    except (TypeError, KeyError, IndexError):
+        return ""
+    return f" ({name[:64]})" if isinstance(name, str) else ""
 
 
 def _meta_problem(data: bytes) -> str | None:
@@ -117,7 +148,8 @@ def _meta_problem(data: bytes) -> str | None:
 def _dump_problem(path: Path) -> str | None:
     try:
         with open(path, "rb") as f, gzip.GzipFile(fileobj=f) as g:
-            data = pickle.load(g)
+            raw = g.read()  # to the end: gzip checks its CRC-32 of every byte there
+        data = pickle.loads(raw)
     except (OSError, EOFError, zlib.error, pickle.UnpicklingError, ValueError, struct.error) as e:
         return f"(the snapshot) cannot be read ({type(e).__name__}: {str(e)[:120]})"
     except Exception as e:  # noqa: BLE001 - pickle raises many kinds on damaged input
@@ -125,6 +157,13 @@ def _dump_problem(path: Path) -> str | None:
     if not (isinstance(data, tuple) and len(data) >= 3 and all(isinstance(x, tuple) and len(x) == 3
                                                                for x in data[1:3])):
         return "(the snapshot) does not hold a pysyncobj snapshot"
+    states = data[0][1:] if isinstance(data[0], list) else []  # [pysyncobj's own, then each consumer's]
+    if not states:
+        return "(the snapshot) does not hold mtgpu's state"
+    for state in states:
+        why = state_problem(state)
+        if why:
+            return f"(the snapshot) {why}: it was changed on disk"
     return None
 
 

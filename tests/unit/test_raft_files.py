@@ -6,32 +6,42 @@ from __future__ import annotations
 import gzip
 import pickle
 import socket
+import time
 from pathlib import Path
 
 import pytest
 from pysyncobj.journal import FileJournal, MetaStorer
 
+from mtgpu.model.job import JobSpec
+from mtgpu.state import commands as C
+from mtgpu.state.checksums import seal_command, seal_state
 from mtgpu.state.journal import JournalCorrupt
 from mtgpu.state.raft import RaftState
 from mtgpu.state.raft_files import check_replica_files
 
 
-def _regular(payload) -> bytes:
-    return b"\x00" + pickle.dumps(payload)
+def _regular(command: dict) -> bytes:
+    """A regular entry as pysyncobj writes mtgpu's one replicated call: (method id, (command,))."""
+    return b"\x00" + pickle.dumps((0, (command,)), protocol=2)
+
+
+def _state(machine: dict) -> list:
+    """A snapshot's state part as pysyncobj writes it: its own fields, then mtgpu's."""
+    return [{}, seal_state({"format": "mtgpu-state-v1", "machine": machine})]
 
 
 @pytest.fixture()
 def replica(tmp_path: Path) -> tuple[Path, Path]:
-    """A journal of four entries (a no-op, then three commands), its .meta, a snapshot."""
+    """A journal of four entries (a no-op, then three checksummed commands), its .meta, a snapshot."""
     journal, dump = tmp_path / "raft.journal", tmp_path / "raft.dump"
     j = FileJournal(str(journal))
     j.add(b"\x01", 1, 1)
     for i in range(2, 5):
-        j.add(_regular({"cmd": "node.register.v1", "args": {"name": f"n{i}"}}), i, 1 + i // 4)
+        j.add(_regular(seal_command({"cmd": "node.register.v1", "args": {"name": f"n{i}"}})), i, 1 + i // 4)
     j._destroy()
     MetaStorer(str(journal) + ".meta").storeMeta({"currentTerm": 2, "votedForNodeId": "127.0.0.1:1"})
     with gzip.open(dump, "wb") as g:
-        pickle.dump(({"state": 1}, (b"\x01", 4, 2), (b"\x01", 3, 1)), g)
+        pickle.dump((_state({"applied": 4}), (b"\x01", 4, 2), (b"\x01", 3, 1)), g)
     return journal, dump
 
 
@@ -97,3 +107,108 @@ def test_the_replicated_state_refuses_to_open_damaged_files(tmp_path):
     (tmp_path / "raft.journal").write_bytes(b"PYSYNCOBJ")
     with pytest.raises(JournalCorrupt, match="raft.journal is 9 bytes long"):
         RaftState(tmp_path, address, [address], "x" * 40)
+
+
+# ---------------------------------------------------------------- checksums (issue 23)
+def test_entries_and_a_snapshot_written_before_checksums_pass(tmp_path):
+    journal, dump = tmp_path / "raft.journal", tmp_path / "raft.dump"
+    j = FileJournal(str(journal))
+    j.add(b"\x01", 1, 1)
+    j.add(_regular({"cmd": "node.register.v1", "args": {"name": "n2"}}), 2, 1)
+    j._destroy()
+    with gzip.open(dump, "wb") as g:
+        pickle.dump(([{}, {"format": "mtgpu-state-v1", "machine": {"applied": 2}}], (b"\x01", 2, 1), (b"\x01", 1, 1)), g)
+    check_replica_files(journal, dump)
+
+
+@pytest.mark.parametrize("old, new, says", [
+    (b"n3", b"nX", "has entry 3 (node.register.v1) at byte"),  # the command changed: its checksum no longer matches
+    (b"crc", b"crb", "fields ['args', 'cmd', 'crb']"),  # its checksum's name damaged: not taken for an older entry
+])
+def test_a_changed_entry_is_refused_naming_it(replica, old, new, says):
+    journal, dump = replica
+    data = journal.read_bytes()
+    at = data.index(b"node.register.v1")  # the first command's: entry 2
+    at = data.index(old, at + 1) if old != b"crc" else data.index(old, data.index(b"n3") - 80)
+    journal.write_bytes(data[:at] + new + data[at + len(old):])
+    why = _refusal(journal, dump)
+    assert says in why and "changed on disk" in why and str(journal) in why, why
+
+
+def _free_address() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    return address
+
+
+def _wait(what: str, check, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"waited {timeout_s:g}s for {what}"
+        time.sleep(0.05)
+    return result
+
+
+def _lone_replica(directory: Path, address: str) -> RaftState:
+    rs = RaftState(directory, address, [address], "x" * 40)
+    _wait("the lone voter to lead", rs.is_leader)
+    return rs
+
+
+def _submit(rs: RaftState, script: str) -> None:
+    assert rs.apply(C.command(C.TENANT_ENSURE, name="alice", uid=2001, gid=2001, at=1.0))["ok"]
+    assert rs.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, spec=JobSpec(script=script).to_dict(),
+                              at=2.0))["ok"]
+
+
+def test_a_replica_s_changed_journal_entry_is_refused_before_it_is_replayed(tmp_path):
+    """The issue's sed on a real replica's journal: the member's start is refused naming the
+    entry and its command, where it used to replay the changed script."""
+    address = _free_address()
+    rs = _lone_replica(tmp_path, address)
+    _submit(rs, "echo hi 2")
+    rs.close()
+    journal = tmp_path / "raft.journal"
+    RaftState(tmp_path, address, [address], "x" * 40).close()  # whole: it opens again
+    data = journal.read_bytes()
+    assert data.count(b"echo hi 2") == 1
+    journal.write_bytes(data.replace(b"echo hi 2", b"echo hX 2"))
+    with pytest.raises(JournalCorrupt) as e:
+        RaftState(tmp_path, address, [address], "x" * 40)
+    why = str(e.value)
+    assert f"{journal} has entry " in why and "(job.submit.v1) at byte" in why and "changed on disk" in why, why
+    assert "fetches the state from the other members" in why, why
+
+
+def test_a_replica_s_snapshot_is_checksummed_read_back_whole_and_refused_changed(tmp_path):
+    address = _free_address()
+    rs = _lone_replica(tmp_path, address)
+    _submit(rs, "echo hi 2")
+    dump = tmp_path / "raft.dump"
+    rs._sync.forceLogCompaction()
+    _wait("pysyncobj to write its snapshot", dump.exists)
+    _wait("the snapshot to be complete", lambda: not (tmp_path / "raft.dump.tmp").exists())
+    rs.close()
+    with gzip.open(dump, "rb") as g:
+        raw = g.read()
+    state = pickle.loads(raw)[0][1]
+    assert state["machine_crc32"] and state["machine"]["applied"] == 2
+    (tmp_path / "raft.journal").unlink()  # only the snapshot holds the job now
+    again = RaftState(tmp_path, address, [address], "x" * 40)
+    try:
+        jobs = _wait("the snapshot to be loaded", lambda: list(again.machine.jobs.values()))
+        assert [j.spec.script for j in jobs] == ["echo hi 2"]
+    finally:
+        again.close()
+    (tmp_path / "raft.journal").unlink(missing_ok=True)
+    with gzip.open(dump, "wb") as g:  # unpacked, changed and packed again: gzip's own CRC is new and whole
+        g.write(raw.replace(b"echo hi 2", b"echo hX 2"))
+    with pytest.raises(JournalCorrupt) as e:
+        RaftState(tmp_path, address, [address], "x" * 40)
+    why = str(e.value)
+    assert f"{dump} (the snapshot) holds a state whose checksum" in why and "changed on disk" in why, why
+    packed = dump.read_bytes()  # a byte of the packed file changed: gzip's CRC-32 sees it
+    dump.write_bytes(packed[:-6] + bytes([packed[-6] ^ 0x10]) + packed[-5:])
+    assert "(the snapshot) cannot be read" in _refusal(tmp_path / "raft.journal", dump)
