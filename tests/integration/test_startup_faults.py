@@ -180,3 +180,90 @@ def test_a_member_whose_state_disk_fills_stops_with_a_message_and_comes_back_who
         finally:
             victim.terminate()
             subprocess.run(["umount", "-l", str(victim.state_dir)], capture_output=True)
+
+
+# ---------------------------------------------------------------- checksums (issue 23)
+ISSUE_SED = "s/echo hi 2/echo hX 2/"
+
+
+def sed_i(path) -> None:
+    """The issue's damage, done by sed itself; the file must hold the script once and change."""
+    before = path.read_bytes()
+    assert before.count(b"echo hi 2") == 1, f"{path} should hold the job's script once"
+    subprocess.run(["sed", "-i", ISSUE_SED, str(path)], check=True)
+    assert path.read_bytes() == before.replace(b"echo hi 2", b"echo hX 2")
+
+
+def test_a_changed_journal_entry_stops_a_standalone_node_naming_it_and_is_never_replayed(alice):
+    with running_node([]) as node:
+        first = node.submit_json(alice, "--wrap", "echo hi 1")["job_id"]
+        assert node.wait_state(first, {"completed", "failed"})["state"] == "completed"
+        jid = node.submit_json(alice, "--wrap", "echo hi 2")["job_id"]
+        assert node.wait_state(jid, {"completed", "failed"})["state"] == "completed"
+        node.terminate()
+        node.start()  # a journal without damage starts
+        assert node.job(jid)["spec"]["script"].count("echo hi 2") == 1
+        node.terminate()
+        journal = node.state_dir / "state" / "journal.jsonl"
+        sed_i(journal)
+        log = refused_start(node)
+        assert f"the journal {journal} has entry " in log and "(job.submit.v1) that was changed on disk" in log, log
+        assert "truncate -s " in log and "restore" in log and "Traceback" not in log, log
+        fix = log[log.index("truncate -s "):].split(";", 1)[0]
+        subprocess.run(["bash", "-c", fix], check=True)
+        node.start()  # what was before the damaged entry: the changed script never runs
+        assert node.job(first)["state"] == "completed"
+        with node.client() as c:
+            scripts = [j["spec"]["script"] for j in c.jobs(all_tenants=True)]
+        assert not any("echo hX 2" in s for s in scripts), scripts
+
+
+def test_a_journal_of_the_version_before_checksums_starts_and_a_changed_snapshot_is_refused(alice):
+    """A node upgraded from the version before checksums starts on its journal (no entry
+    checksummed) and rewrites it as a checksummed snapshot; a change of that snapshot then
+    stops the start naming it."""
+    with running_node([]) as node:
+        jid = node.submit_json(alice, "--wrap", "echo hi 2")["job_id"]
+        assert node.wait_state(jid, {"completed", "failed"})["state"] == "completed"
+        node.terminate()
+        state = node.state_dir / "state"
+        journal = state / "journal.jsonl"
+        head = len(b'{"crc":"12345678",')  # the line the version before wrote is the rest, byte for byte
+        lines = journal.read_bytes().splitlines()
+        assert lines and all(x.startswith(b'{"crc":"') for x in lines)
+        journal.write_bytes(b"".join(b"{" + x[head:] + b"\n" for x in lines))
+        assert not (state / "snapshot.json").exists()
+        node.start()
+        assert node.job(jid)["state"] == "completed"
+        node.terminate()
+        snapshot = state / "snapshot.json"
+        assert snapshot.read_bytes().startswith(b'{"crc":"'), "the old entries were rewritten with checksums"
+        sed_i(snapshot)
+        log = refused_start(node)
+        assert f"the snapshot {snapshot} is damaged: its checksum" in log and "backup" in log, log
+        assert "Traceback" not in log, log
+
+
+def test_a_changed_raft_journal_entry_stops_a_member_naming_it_and_the_fix_fetches_it_whole(alice):
+    with running_cluster(3) as cl:
+        sched = cl.scheduler()
+        victim = next(m for m in cl.members if m is not sched)
+        jid = sched.submit_json(alice, "--wrap", "echo hi 2")["job_id"]
+        assert sched.wait_state(jid, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
+        wait_for("the member to have the job's end", lambda: victim.job(jid)["state"] == "completed", timeout_s=60)
+        victim.terminate()
+        victim.start(timeout_s=60)  # a replica without damage starts
+        victim.terminate()
+        journals = sorted((victim.state_dir / "cluster").glob("raft*.journal"))
+        assert len(journals) == 1, journals
+        journal = journals[0]
+        sed_i(journal)
+        log = refused_start(victim)
+        assert f"{journal} has entry " in log and "(job.submit.v1) at byte" in log and "changed on disk" in log, log
+        assert "move this replica's files aside" in log and "Traceback" not in log, log
+        fix = log[log.index("(mkdir -p "):].split(")", 1)[0].removeprefix("(")
+        subprocess.run(["bash", "-c", fix], check=True)
+        victim.start(timeout_s=60)
+        job = wait_for("the member to have the cluster's state again",
+                       lambda: (j := victim.job(jid))["state"] == "completed" and j, timeout_s=60)
+        assert "echo hi 2" in job["spec"]["script"] and "echo hX 2" not in job["spec"]["script"], job
