@@ -121,7 +121,7 @@ class Node:
         if wait:
             self.wait_up(timeout_s)
 
-    def wait_up(self, timeout_s: float = 30.0) -> None:
+    def wait_up(self, timeout_s: float = 120.0) -> None:
         def up():
             if self.proc.poll() is not None:
                 raise AssertionError(f"mtgpu-server exited with {self.proc.returncode}:\n{self.server_log()}")
