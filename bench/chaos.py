@@ -17,7 +17,16 @@ then every job must end. Printed:
 
 Target: 0, 0, 0. Everything is removed at the end, also on failure or Ctrl-C.
 
-    python bench/chaos.py [--minutes 5] [--jobs 5000] [--every 4] [--json]     (as root)
+What it did not do is said, never hidden in the totals: `asked` is --jobs, `jobs` what the
+cluster holds for the bench's tenant (a submission whose answer was lost still counts, it is
+found in the cluster's records), `submit_errors` the submissions that failed and were tried
+again, `not_final` jobs that never ended; `complete` is false, the text says NOT COMPLETE and
+the exit status is 1 when fewer jobs than asked were submitted or some never ended.
+
+`--load N` runs N CPU-spinning processes beside it (bench/hog.py), and the load average
+seen is printed.
+
+    python bench/chaos.py [--minutes 5] [--jobs 5000] [--every 4] [--load 2] [--json]     (as root)
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import run_as_root  # noqa: E402 (after the path is set)
+from bench.hog import CpuHog, describe  # noqa: E402
 
 STUCK_S = 30.0
 SCRIPT = ("#!/bin/bash\n#MTGPU gpus=1\necho start $MTGPU_NODE >> {marks}/$MTGPU_JOB_ID\nsleep 0.2\n"
@@ -119,7 +129,16 @@ def sample(cluster, faults: Faults) -> tuple[int, int, int] | None:
     return None
 
 
-def run(minutes: float, jobs: int, every: float, seed: int) -> dict:
+def run(minutes: float, jobs: int, every: float, seed: int, load: int = 0) -> dict:
+    """The run, beside a CPU hog of `load` processes (none for 0)."""
+    with CpuHog(load, minutes * 60 + 1800) as hog:
+        result = churn(minutes, jobs, every, seed)
+    result["load"], result["busy"] = load, describe(hog)
+    result["load_average"] = [round(x, 1) for x in hog.load_range() or ()]
+    return result
+
+
+def churn(minutes: float, jobs: int, every: float, seed: int) -> dict:
     from mtgpu.client.local import LocalClient
     from tests.support.cluster import running_cluster
     from tests.support.node import wait_for
@@ -137,16 +156,20 @@ def run(minutes: float, jobs: int, every: float, seed: int) -> dict:
         chunk = 250  # arrays of this many; the next once fewer than half a chunk wait (the queue stays short)
         pending = list(range(0, jobs, chunk))
         stuck, longest, queued = 0, 0.0, 0
+        submit_errors, last_submit_error = 0, ""
         last_change, last_started, episode_counted = time.time(), None, False
         deadline = t0 + minutes * 60
         while time.time() < deadline + 600:
             if pending and queued < chunk // 2:
                 start = pending[0]
                 live = [m for m in cl.members if m.proc is not None and m.proc.poll() is None]
-                with contextlib.suppress(Exception):
+                try:  # a failed submission is tried again (its jobs, if it was taken after all, are found below)
                     ids += submit_as(user, str(random.choice(live).socket_path), script,
                                      f"0-{min(chunk, jobs - start) - 1}")
                     pending.pop(0)
+                except Exception as e:  # noqa: BLE001 - a member killed or frozen, an election: said in the result
+                    submit_errors += 1
+                    last_submit_error = f"{type(e).__name__}: {e}"[-300:]
             s = sample(cl, faults)
             now = time.time()
             if s is not None:
@@ -176,7 +199,10 @@ def run(minutes: float, jobs: int, every: float, seed: int) -> dict:
             with contextlib.suppress(AssertionError):
                 wait_for("every job to end", lambda: not [j for j in c.jobs(all_tenants=True, active_only=True)],
                          timeout_s=600, interval_s=2.0)
-            records = {j["id"]: j for j in c.jobs(all_tenants=True)}
+            records = {j["id"]: j for j in c.jobs(all_tenants=True) if j.get("tenant") == user.name}
+        # jobs whose submission's answer was lost (the member died after committing) are the tenant's too
+        unanswered = sorted(set(records) - set(ids))
+        ids = sorted(set(ids) | set(records))
         ends, lost, twice = {}, [], []
         for i in ids:
             lines = (marks / str(i)).read_text().splitlines() if (marks / str(i)).exists() else []
@@ -187,9 +213,12 @@ def run(minutes: float, jobs: int, every: float, seed: int) -> dict:
             if ends[i] > 1:
                 twice.append({"id": i, "runs": lines})
         kills = sum(1 for _, k, _ in faults.log if k == "kill")
-        return {"jobs": len(ids), "minutes": minutes, "kills": kills, "freezes": len(faults.log) - kills,
+        not_final = sum(1 for i in ids if records.get(i, {}).get("state") not in final)
+        return {"asked": jobs, "jobs": len(ids), "complete": len(ids) >= jobs and not not_final,
+                "minutes": minutes, "kills": kills, "freezes": len(faults.log) - kills,
                 "lost": len(lost), "run_twice": len(twice), "stuck": stuck, "longest_gap_s": round(longest, 1),
-                "not_final": sum(1 for i in ids if records.get(i, {}).get("state") not in final),
+                "not_final": not_final, "submit_errors": submit_errors, "last_submit_error": last_submit_error,
+                "unanswered_submissions_found": len(unanswered), "chunks_not_submitted": len(pending),
                 "elapsed_s": round(time.time() - t0, 1), "lost_jobs": lost[:20], "twice_jobs": twice[:20]}
 
 
@@ -199,21 +228,31 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--every", type=float, default=4.0, help="seconds between faults")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--load", type=int, default=0, metavar="N", help="CPU-spinning processes beside it (bench/hog.py)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    r = run_as_root("chaos.py", "real servers and a real tenant", run, args.minutes, args.jobs, args.every, args.seed)
+    if args.jobs < 1 or args.load < 0:
+        ap.error(f"--jobs must be at least 1 and --load at least 0, not {args.jobs} and {args.load}")
+    r = run_as_root("chaos.py", "real servers and a real tenant", run, args.minutes, args.jobs, args.every, args.seed,
+                    args.load)
     if isinstance(r, int):
         return r
     if args.json:
         print(json.dumps(r))
-        return 0
-    print(f"4 members on loopback, {r['jobs']} one-GPU jobs; {r['kills']} kills and {r['freezes']} freezes over "
-          f"{r['minutes']:g} min ({r['elapsed_s']} s in all)")
+        return 0 if r["complete"] else 1
+    print(f"4 members on loopback, {r['jobs']} of {r['asked']} one-GPU jobs submitted; {r['kills']} kills and "
+          f"{r['freezes']} freezes over {r['minutes']:g} min ({r['elapsed_s']} s in all); {r['busy']}")
     print(f"lost {r['lost']}, run twice {r['run_twice']}, stuck {r['stuck']} (longest gap with work and a free GPU "
           f"and no placement: {r['longest_gap_s']} s)  [target 0, 0, 0]")
+    print(f"submissions that failed and were tried again: {r['submit_errors']}; jobs found whose submission's answer "
+          f"was lost: {r['unanswered_submissions_found']}")
+    if not r["complete"]:
+        print(f"NOT COMPLETE: {r['jobs']} of {r['asked']} jobs submitted ({r['chunks_not_submitted']} arrays never "
+              f"went in; last error: {r['last_submit_error'] or 'none'}), {r['not_final']} never ended: the totals "
+              "above cover only what ran")
     for j in r["lost_jobs"] + r["twice_jobs"]:
         print(f"  {j}")
-    return 0
+    return 0 if r["complete"] else 1
 
 
 if __name__ == "__main__":

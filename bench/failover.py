@@ -10,7 +10,12 @@ every job to end and counts jobs lost (not completed, or never run) and jobs run
 twice (two lines in their marker file); `--json` also lists each such job's state,
 reason, attempt and runs, and `--keep-logs DIR` keeps the members' logs of such a run.
 
-    python bench/failover.py [--jobs 150] [--json]     (as root)
+`--runs N` repeats the whole run N times (a new cluster each time) and prints each run and
+the totals; `--load N` runs N CPU-spinning processes beside it all (bench/hog.py) and
+prints the load average seen. A run that could not be completed (no new scheduler, jobs
+that never ended) is said as such and counted, never left out of the totals.
+
+    python bench/failover.py [--jobs 150] [--runs 20] [--load 2] [--json]     (as root)
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.hog import CpuHog, describe  # noqa: E402 (after the path is set)
 
 
 def worker(socket_path: str, jobs: int, marks: str, interval_s: float) -> dict:
@@ -53,14 +60,44 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep-logs", metavar="DIR", help="copy the members' server logs here when a job was lost or "
                                                        "ran twice")
+    ap.add_argument("--runs", type=int, default=1, help="repeat the whole run this many times")
+    ap.add_argument("--load", type=int, default=0, metavar="N", help="CPU-spinning processes beside it (bench/hog.py)")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.runs < 1 or args.load < 0:
+        ap.error(f"--runs must be at least 1 and --load at least 0, not {args.runs} and {args.load}")
     if args.worker:
         print(json.dumps(worker(args.worker[0], args.jobs, args.worker[1], args.interval)))
         return 0
     if os.geteuid() != 0:
         print("bench/failover.py runs real servers and a real tenant: run it as root", file=sys.stderr)
         return 2
+    with CpuHog(args.load, 3600 * args.runs) as hog:
+        results = []
+        for _ in range(args.runs):
+            try:
+                results.append(one_run(args))
+            except AssertionError as e:  # a wait that ran out: this run is not complete, and said so
+                results.append({"incomplete": str(e)[:500], "lost": None, "run_twice": None})
+            if not args.json:
+                print_run(len(results), results[-1])
+    totals = {"runs": len(results), "incomplete": sum(1 for r in results if "incomplete" in r),
+              "lost": sum(r["lost"] or 0 for r in results), "run_twice": sum(r["run_twice"] or 0 for r in results),
+              "busy": describe(hog), "load_average": [round(x, 1) for x in hog.load_range() or ()]}
+    done = [r for r in results if "incomplete" not in r]
+    if done:
+        totals["elected_s_max"] = max(r["elected_s"] for r in done)
+        totals["next_placement_s_max"] = max(r["next_placement_s"] for r in done)
+    if args.json:
+        print(json.dumps(results[0] if args.runs == 1 else {"totals": totals, "runs": results}))
+    elif args.runs > 1 or args.load:
+        print(f"{totals['runs']} runs ({totals['incomplete']} not complete), {totals['busy']}: jobs lost "
+              f"{totals['lost']}, run twice {totals['run_twice']}  [target 0 and 0]")
+    return 1 if totals["incomplete"] else 0
+
+
+def one_run(args) -> dict:
+    """One cluster, one stream of jobs, one kill of the scheduler: the figures of that run."""
     from mtgpu.client.local import LocalClient
     from tests.support.cluster import member_name, running_cluster
     from tests.support.node import wait_for
@@ -126,16 +163,19 @@ def main() -> int:
             "run_twice": twice,
             "details": details,
         }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"3 members on loopback, {result['jobs']} jobs streamed; SIGKILL of the scheduler {result['killed']}")
-        print(f"new scheduler {result['new_scheduler']} elected after {result['elected_s']:.2f} s, "
-              f"placed its first job {result['next_placement_s']:.2f} s after the kill  [target < 2 s]")
-        print(f"jobs lost: {result['lost']}, run twice: {result['run_twice']}  [target 0 and 0]")
-        for i, d in details.items():
-            print(f"  job {i}: {d}")
-    return 0
+    return result
+
+
+def print_run(n: int, result: dict) -> None:
+    if "incomplete" in result:
+        print(f"run {n}: NOT COMPLETE: {result['incomplete']}")
+        return
+    print(f"run {n}: 3 members on loopback, {result['jobs']} jobs streamed; SIGKILL of the scheduler {result['killed']}")
+    print(f"new scheduler {result['new_scheduler']} elected after {result['elected_s']:.2f} s, "
+          f"placed its first job {result['next_placement_s']:.2f} s after the kill  [target < 2 s]")
+    print(f"jobs lost: {result['lost']}, run twice: {result['run_twice']}  [target 0 and 0]")
+    for i, d in result["details"].items():
+        print(f"  job {i}: {d}")
 
 
 if __name__ == "__main__":
