@@ -57,7 +57,9 @@ def node():
             assert not problems, problems
 
 
-def sshd_up(node) -> None:
+def sshd_up(node, name: str) -> None:
+    """The tenant sshd listens and serves `name`: its keys are the agent's last step for a new
+    tenant, after the account (which appears first) and the mtgpu-tenants group."""
     import socket
 
     def accepts():
@@ -65,6 +67,8 @@ def sshd_up(node) -> None:
             return True
 
     wait_for("the tenant sshd to listen", accepts)
+    keys = node.state_dir / "ssh" / "authorized_keys" / name
+    wait_for(f"{name}'s keys in the tenant sshd ({keys})", lambda: keys.is_file() and keys.stat().st_size > 0)
 
 
 def join(node, name: str, tmp_path: Path, *extra: str) -> tuple[dict, Path]:
@@ -174,7 +178,7 @@ def test_ssh_lands_in_tmux_and_a_reconnect_shows_what_was_printed_meanwhile(node
     _, home = join(node, name, tmp_path)
     key = str(home / "id_ed25519")
     wait_for("the account", lambda: pwd.getpwnam(name))
-    sshd_up(node)
+    sshd_up(node, name)
 
     async def session():
         conn = await asyncssh.connect("127.0.0.1", node.ssh_port, username=name, client_keys=[key], known_hosts=None)
@@ -205,7 +209,7 @@ def test_password_and_root_logins_are_refused(node, tmp_path):
     name = node.names[2]
     _, home = join(node, name, tmp_path)
     wait_for("the account", lambda: pwd.getpwnam(name))
-    sshd_up(node)
+    sshd_up(node, name)
 
     async def attempts():
         results = []
