@@ -125,6 +125,7 @@ class ClusterLink:
         self._found_leader: tuple[float, str | None] = (0.0, None)
         self._started_at = time.monotonic()
         self._majority_heard_at = 0.0  # monotonic: a majority of the voters last answered this member as leader
+        self._said_in_touch: bool | None = None  # the standing the log last told (None: not in touch yet)
 
     # ------------------------------------------------------------ requests between members
     def call(self, address: str, method: str, path: str, payload: dict | None = None, timeout_s: float = 3.0):
@@ -331,6 +332,7 @@ class ClusterLink:
     def _keeper_loop(self) -> None:
         while not self._stop.wait(REPORT_EVERY_S):
             try:
+                self._say_standing()
                 if self.store.is_leader():
                     self.keeper.step()
             except Exception:  # never let one bad step end the thread
@@ -492,6 +494,18 @@ class ClusterLink:
             here = sum(1 for j in self.store.machine.running_jobs()
                        if any(a.node == self.node_name for a in j.allocations))
         return decide(replace(facts, jobs_here=here))
+
+    def _say_standing(self) -> None:
+        """One line in the log when this member, once in touch, is cut off from its cluster
+        (since when, what still works here and what does not), one when it hears it again."""
+        standing = self.standing()
+        said = self._said_in_touch
+        self._said_in_touch = standing.in_touch if said is not None or standing.in_touch else None
+        if said is True and not standing.in_touch:
+            log.warning("%s. Still works here: %s. Not now: %s", standing.problem, "; ".join(standing.works),
+                        "; ".join(standing.fails))
+        elif said is False and standing.in_touch:
+            log.info("%s hears its cluster again", self.node_name)
 
     def _heard_majority(self, at: float) -> None:
         if at > self._majority_heard_at:
