@@ -50,7 +50,7 @@ if [ $# -gt 0 ]; then
 fi
 
 # (test_directlink_member runs a Podman workspace: it stays with the other Podman tests)
-CLUSTER_TESTS=(test_cluster test_partitions test_clock_jump test_raft_roles test_startup_faults
+CLUSTER_TESTS=(test_cluster test_busy_members test_partitions test_clock_jump test_raft_roles test_startup_faults
                test_directlink_cluster test_directlink_nat test_directlink_admin test_queue_order test_fuzz)
 cluster_files=()
 other_files=()

@@ -93,11 +93,23 @@ def make_directlink(config: Config, secret: str):
     return link
 
 
+def hold_member_above_jobs(agent: LocalAgent) -> None:
+    """This process into its services group, weighted above its jobs (runners/cgroups.py),
+    before its first job starts: jobs that burn every CPU must not delay its reports, Raft
+    and API until it is taken for dead (issue 23). The agent's close() takes it back out."""
+    cgroups = getattr(agent.runner, "cgroups", None)
+    why = cgroups.hold_member() if cgroups is not None else "the runner has no cgroups"
+    if why:
+        log.warning("this member's own work is not weighted above its jobs (%s): jobs that keep every CPU busy "
+                    "can delay its reports past MEMBER_DOWN_AFTER_S", why)
+
+
 def build_service(config: Config) -> MemberService:
     state_dir = Path(config.STATE_DIR)
     prepare_state_dir(state_dir)
     agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), node_name=config.NODE_NAME,
                             containers=container_settings(config))
+    hold_member_above_jobs(agent)
     links = []
 
     def directlink(secret: str):

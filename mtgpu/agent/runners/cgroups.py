@@ -7,6 +7,15 @@ the server still bound its jobs. A controller that is not writable is reported i
 `unavailable` and its limit is recorded as not enforced; the runner falls back to
 setrlimit and process-group/marker killing.
 
+The member's own work comes first (issue 23: a busy member is not a dead one). Its jobs'
+parent is weighted against a sibling group of the member's own, `<own>/<parent>-services`
+(`hold_member()`, called where the member starts, before its first job): the member's
+process, and what it starts afterwards (the job shims that fence its jobs, the tenant
+sshd) run there, at SERVICES_CPU_WEIGHT times the CPU weight of all its jobs together
+(v1 `cpu.shares`, v2 `cpu.weight`). Jobs still get every CPU the member leaves idle; when
+they burn every core, the member's reports, Raft and API still run at once. On v2 the
+two are siblings because a group with controllers enabled may hold no process.
+
 GPU device nodes a job may not open are denied through the v1 devices controller
 (`devices.deny`) or, on v2, which has no devices controller, by a device eBPF program
 attached to the job's group (devbpf.py); whether such programs can be attached here is
@@ -28,6 +37,12 @@ from mtgpu.agent.runners import devbpf
 V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer", "cpuacct")  # cpuacct: usage (idle culling)
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 CPU_PERIOD_US = 100_000
+# The member's services against all its jobs together: v1 cpu.shares (default 1024) and v2
+# cpu.weight (default 100) of the services group; the jobs' parent keeps the default. A
+# member needs little CPU but needs it at once: at 20 to 1 it gets 95% of what the two
+# groups share whenever it wants it, and its jobs get the rest and everything it leaves.
+SERVICES_CPU_WEIGHT = 20
+SERVICES_SUFFIX = "-services"
 
 
 def parent_for(node_name: str, state_dir: str | Path) -> str:
@@ -88,6 +103,9 @@ class CgroupManager:
         self.version: str | None = None
         self.bases: dict[str, Path] = {}  # controller (or "unified") -> writable parent dir
         self.unavailable: dict[str, str] = {}  # controller -> why it cannot be used
+        self.services: dict[str, Path] = {}  # controller (or "unified") -> the member's services group
+        self._own_dirs: dict[str, Path] = {}  # controller (or "unified") -> the group this process started in
+        self._held: int | None = None  # the pid hold_member() moved into the services group
         self._jobs: dict[int, JobCgroup] = {}
         if os.path.exists(os.path.join(root, "cgroup.controllers")):
             self.version = "v2"
@@ -130,7 +148,8 @@ class CgroupManager:
             mroot, mpoint = mounts[c]
             rel = own.get(c, "/")
             rel = rel[len(mroot):] if mroot != "/" and rel.startswith(mroot) else (rel if mroot == "/" else "/")
-            base = Path(mpoint + rel.rstrip("/")) / self.parent
+            own_dir = Path(mpoint + rel.rstrip("/"))
+            base = own_dir / self.parent
             if base in self.bases.values():
                 continue  # co-mounted (cpu,cpuacct): one group serves both
             try:
@@ -141,6 +160,7 @@ class CgroupManager:
                 self.unavailable[c] = f"not writable ({e})"
                 continue
             self.bases[c] = base
+            self._own_dirs[c] = own_dir
         if not self.bases:
             self.version = None
 
@@ -160,11 +180,12 @@ class CgroupManager:
                 except OSError as e:
                     if e.errno != errno.EBUSY or own == "/":
                         raise
-                    # "no internal processes": move the server into a leaf of its own
-                    # (what a delegated systemd service does), then enable.
-                    leaf = own_dir / "server"
+                    # "no internal processes": move the server into a leaf of its own, its
+                    # services group (what a delegated systemd service does), then enable.
+                    leaf = own_dir / (self.parent + SERVICES_SUFFIX)
                     leaf.mkdir(exist_ok=True)
                     _write(leaf / "cgroup.procs", str(os.getpid()))
+                    self._held, self.services["unified"] = os.getpid(), leaf
                     _write(own_dir / "cgroup.subtree_control", enable)
             base = own_dir / self.parent
             base.mkdir(exist_ok=True)
@@ -175,6 +196,7 @@ class CgroupManager:
             self.unavailable = {c: f"not writable ({e})" for c in V2_CONTROLLERS}
             return
         self.bases["unified"] = base
+        self._own_dirs["unified"] = own_dir
         why = devbpf.probe(str(base))
         if why:
             self.unavailable["devices"] = ("cgroup v2 has no devices controller and a device eBPF program "
@@ -371,14 +393,77 @@ class CgroupManager:
         except OSError:
             return False
 
-    def release(self) -> None:
-        """When the member stops: its parent groups go if no job group is left in them
-        (a job that runs on through a restart keeps them; rmdir refuses a non-empty group)."""
-        for base in self.bases.values():
+    def hold_member(self, pid: int | None = None) -> str | None:
+        """Move the member's process (`pid`, default this one; all its threads) into its
+        services group, weighted SERVICES_CPU_WEIGHT times above its jobs' parent (see the
+        module's docstring). Call it before the first job starts: what the member starts
+        afterwards (shims, sshd) is born there. None when done; else why the member's
+        work is not weighted above its jobs here (it still runs, at an equal share)."""
+        pid = pid or os.getpid()
+        if not self.bases:
+            return "no writable cgroup hierarchy"
+        problems = []
+        for ctrl, base in self.bases.items():
+            group = base.with_name(self.parent + SERVICES_SUFFIX)
             try:
-                base.rmdir()
+                group.mkdir(exist_ok=True)
+                _write(group / "cgroup.procs", str(pid))
+            except OSError as e:
+                problems.append(f"{group}: {e.strerror or e}")
+                continue
+            self.services[ctrl] = group
+        self._held = pid if self.services else self._held
+        weight = self._weigh_services()
+        if weight:
+            problems.append(weight)
+        return "; ".join(problems) or None
+
+    def _weigh_services(self) -> str | None:
+        """Write the services group's CPU weight; why not, or None."""
+        if "unified" in self.services:
+            path = self.services["unified"] / "cpu.weight"
+            value = 100 * SERVICES_CPU_WEIGHT
+        elif "cpu" in self.services:
+            path = self.services["cpu"] / "cpu.shares"
+            value = 1024 * SERVICES_CPU_WEIGHT
+        else:
+            return f"the cpu controller is not usable ({self.unavailable.get('cpu', 'no services group')})"
+        try:
+            _write(path, str(value))
+        except OSError as e:
+            return f"{path}: {e.strerror or e}"
+        return None
+
+    def services_weight(self) -> int | None:
+        """The services group's CPU weight as written (cpu.shares or cpu.weight); None without one."""
+        for ctrl, name in (("unified", "cpu.weight"), ("cpu", "cpu.shares")):
+            if ctrl in self.services:
+                try:
+                    return int(_read(self.services[ctrl] / name))
+                except (OSError, ValueError):
+                    return None
+        return None
+
+    def release(self) -> None:
+        """When the member stops: it goes back to the groups it started in, and its services
+        group and jobs' parent go if nothing is left in them (a job that runs on through a
+        restart keeps its shim in the one and its group in the other; rmdir refuses a
+        non-empty group, and the next start takes them over). On v2, a group with
+        controllers enabled takes no process back: the member then stays in its services
+        group until it exits, and the service manager removes its own group."""
+        if self._held is not None:
+            for ctrl, own in self._own_dirs.items():
+                try:
+                    _write(own / "cgroup.procs", str(self._held))
+                except OSError:
+                    pass
+            self._held = None
+        for group in [*self.services.values(), *self.bases.values()]:
+            try:
+                group.rmdir()
             except OSError:
                 pass
+        self.services = {}
 
     def remove(self, job_id: int) -> None:
         """Delete the job's groups (after its processes are gone); retries briefly while

@@ -1,0 +1,115 @@
+"""A busy member is not a dead one (issue 23): members whose own jobs burn every CPU
+twice over still report in time, so none is marked down and no job is requeued.
+
+The jobs' CPU groups are weighted far below the member's own (agent/runners/cgroups.py,
+docs/ARCHITECTURE.md "A busy member"); MEMBER_DOWN_AFTER_S is small here (3 s, the jobs'
+lease 2 s) so that a member starved for a couple of seconds would show at once.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import threading
+
+import pytest
+
+from mtgpu.agent.runners.cgroups import SERVICES_CPU_WEIGHT, CgroupManager
+from tests.support.cluster import member_name, running_cluster
+from tests.support.node import wait_for
+from tests.support.users import can_create_users
+
+if can_create_users():
+    pytest.skip(can_create_users(), allow_module_level=True)
+
+BURN_S = 75
+DOWN_AFTER_S = 3.0
+
+
+def burner_script(node: str, burners: int, seconds: int) -> str:
+    """A job on `node` that keeps `burners` busy loops (no fork inside the loop) for `seconds`."""
+    return ("#!/bin/bash\n"
+            f"#MTGPU server={node} name=burn-{node}\n"
+            f"for i in $(seq {burners}); do\n"
+            f"  ( SECONDS=0; while (( SECONDS < {seconds} )); do :; done ) &\n"
+            "done\n"
+            "wait\n")
+
+
+def ended_or_requeued(node, job_id: int) -> dict | None:
+    job = node.job(job_id)
+    return job if job["attempt"] > 0 or job["state"] in ("completed", "failed", "cancelled", "lost") else None
+
+
+def test_members_whose_jobs_burn_every_cpu_twice_over_are_neither_marked_down_nor_lose_jobs(alice):
+    burners = 2 * (os.cpu_count() or 1)
+    with running_cluster(3, down_after_s=DOWN_AFTER_S) as cl:
+        sched = cl.scheduler()
+        names = [member_name(m) for m in cl.members]
+        ids = {name: sched.submit_json(alice, script=burner_script(name, burners, BURN_S))["job_id"]
+               for name in names}
+        wait_for("a burning job running on every member",
+                 lambda: all(sched.job(j)["state"] == "running" for j in ids.values()), timeout_s=60)
+        # What the members say while the jobs burn (a second look besides the logs below):
+        # any member seen down, any job seen back in the queue.
+        seen: list[str] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(1.0):
+                try:
+                    with sched.client() as c:
+                        nodes = c.nodes()
+                except Exception:  # noqa: BLE001 - a slow answer under load is not what is tested
+                    continue
+                seen.extend(f"{n['name']} down: {n['reason']}" for n in nodes if n["state"] == "down")
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            for name, j in ids.items():
+                # ended, or requeued (then at once: the failure is that, not a timeout)
+                job = wait_for(f"the job on {name} to end", lambda: ended_or_requeued(sched, j), timeout_s=BURN_S + 120)
+                assert job["state"] == "completed" and job["attempt"] == 0, f"the job on {name}: {job}"
+        finally:
+            stop.set()
+            watcher.join(timeout=10)
+        for name, j in ids.items():
+            job = sched.job(j)
+            assert job["attempt"] == 0 and not job["history"] and job["nodes"] == [name], \
+                f"the job on {name} was requeued: {job}"
+        with sched.client() as c:
+            gaps = {n["name"]: n["longest_report_gap_s"] for n in c.nodes()}
+        print(f"longest gap between reports, as the scheduler saw them: {gaps}")
+        logs = {member_name(m): "".join(p.read_text(errors="replace") for p in m.log_files) for m in cl.members}
+        downs = [f"{n}: {line}" for n, text in logs.items() for line in text.splitlines() if " is down: " in line]
+        assert not downs and not seen, "members marked down while their jobs burned the CPUs:\n" + \
+            "\n".join(downs + seen)
+
+
+def test_a_member_is_held_in_a_services_group_weighted_above_its_jobs_and_leaves_nothing_behind():
+    """What mtgpu-server does at start (main.hold_member_above_jobs) and at stop, with a
+    stand-in process: it is moved beside the jobs' parent, into a group of SERVICES_CPU_WEIGHT
+    times the CPU weight, and both groups go when the member stops."""
+    manager = CgroupManager(f"mtgpu-test-{secrets.token_hex(4)}")
+    if "cpu" not in manager.bases and "unified" not in manager.bases:
+        pytest.skip(f"no writable cpu cgroup here: {manager.unavailable}")
+    member = subprocess.Popen(["sleep", "300"])
+    try:
+        assert manager.hold_member(member.pid) is None
+        ctrl = "unified" if "unified" in manager.bases else "cpu"
+        services, jobs = manager.services[ctrl], manager.bases[ctrl]
+        assert services.parent == jobs.parent and services != jobs  # siblings (v2: no internal processes)
+        assert str(member.pid) in (services / "cgroup.procs").read_text().split()
+        weight_file = "cpu.weight" if ctrl == "unified" else "cpu.shares"
+        assert int((services / weight_file).read_text()) == SERVICES_CPU_WEIGHT * int((jobs / weight_file).read_text())
+        child = manager.create(1, cpus=None, mem_bytes=None)
+        assert child is not None and os.path.dirname(child.paths[ctrl]) == str(jobs)
+        manager.remove(1)
+    finally:
+        manager.release()
+        member.kill()
+        member.wait()
+    cg = f"/proc/{os.getpid()}/cgroup"
+    assert not services.exists() and not jobs.exists(), open(cg).read()
