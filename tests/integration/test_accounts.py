@@ -10,6 +10,7 @@ tenants' uids, so file modes are what is tested. Every root and home is removed 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -23,6 +24,7 @@ import pytest
 from mtgpu.accounts.apply import apply_plan, read_os_accounts, remove_account, run_tool
 from mtgpu.accounts.plan import SUBID_BASE, SUBID_COUNT, TenantSpec, allocate_ids, plan_accounts, subordinate_range
 from mtgpu.accounts.shadow_lock import shadow_lock
+from tests.support.node import free_port, running_node, wait_for
 
 if sys.platform != "linux" or os.geteuid() != 0:
     pytest.skip("creating accounts needs Linux and root", allow_module_level=True)
@@ -317,3 +319,33 @@ def test_a_range_written_while_the_node_waits_for_the_lock_is_seen_and_not_overl
     assert any(f"overlap 'holders''s {first + 5}-{first + 14}" in p for p in report.problems), report.problems
     got = read_os_accounts(node.root)
     assert "mtta" not in got.subuids and "mtta" not in got.subgids
+
+
+def test_two_running_nodes_on_one_machine_give_their_first_tenants_disjoint_ranges(base):
+    """The issue's case end to end: two nodes (two clusters, two TENANT_UID_RANGEs) whose
+    agents write one account database at once, each with its first tenant."""
+    machine = Node(base, "machine")
+    nodes = [running_node([], name=f"subids-{i}", CLUSTER_ID=f"lab-subids-{i}", ACCOUNTS_ROOT=str(machine.root),
+                          TENANT_UID_RANGE=list(half), SSH_LISTEN=f"127.0.0.1:{free_port()}")
+             for i, half in enumerate((HALF_A, HALF_B))]
+    names = [f"mtsa{os.getpid() % 10000}", f"mtsb{os.getpid() % 10000}"]
+    with nodes[0] as n0, nodes[1] as n1:
+        for node, name in ((n0, names[0]), (n1, names[1])):
+            r = node.admin("tenant", "invite", name, "--json")
+            assert r.returncode == 0, r.stderr
+            code = json.loads(r.stdout)["code"]
+            r = subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", "join", code, "--server",
+                                f"127.0.0.1:{node.port}", "--json"], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "REMOTEGPU_HOME": str(base / f"client-{name}")})
+            assert r.returncode == 0, r.stderr
+
+        def both_have_subids():
+            accounts = read_os_accounts(machine.root)
+            return accounts if all(n in accounts.subuids and n in accounts.subgids for n in names) else None
+
+        got = wait_for("both tenants' subordinate ids", both_have_subids, 60)
+        logs = n0.server_log() + n1.server_log()
+    for table in (got.subuids, got.subgids):
+        ((a_first, a_count),), ((b_first, b_count),) = table[names[0]], table[names[1]]
+        assert a_first + a_count <= b_first or b_first + b_count <= a_first
+    assert "overlap" not in logs
