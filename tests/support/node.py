@@ -202,8 +202,8 @@ def kill_leftover_runs(state_dir: Path) -> None:
 
 
 def remove_container_leftovers(state_dir: Path, node_name: str) -> None:
-    """What a node with containers made outside its folder: the tenants' runtime folders,
-    its CDI spec and its simulated GPUs' device nodes (a killed server leaves them)."""
+    """What a node made outside its folder: the tenants' runtime folders, its CDI spec and
+    its simulated GPUs' device nodes, its cgroups (a killed server leaves them)."""
     from mtgpu.agent.podman.cdi import CDI_DIR, remove_sim_nodes, spec_name
     from mtgpu.agent.podman.ports import chain_name, remove_chain
     from mtgpu.agent.podman.tenant import PodmanHost
@@ -219,6 +219,11 @@ def remove_container_leftovers(state_dir: Path, node_name: str) -> None:
         p.unlink(missing_ok=True)
     remove_sim_nodes(name)
     remove_chain(chain_name(host.key))  # workspace ports' firewall chain
+    # its jobs' parent and services cgroups, which a killed server (or a shim that outlived
+    # it) leaves behind; only empty ones go
+    from mtgpu.agent.runners.cgroups import CgroupManager, parent_for
+    with contextlib.suppress(OSError, ValueError):
+        CgroupManager(parent_for(node_name, state_dir)).release()
 
 
 @contextlib.contextmanager

@@ -458,7 +458,8 @@ class CgroupManager:
                 except OSError:
                     pass
             self._held = None
-        for group in [*self.services.values(), *self.bases.values()]:
+        services = {*self.services.values(), *(b.with_name(self.parent + SERVICES_SUFFIX) for b in self.bases.values())}
+        for group in [*services, *self.bases.values()]:  # (a member killed earlier left its own: gone if empty)
             try:
                 group.rmdir()
             except OSError:
