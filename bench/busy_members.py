@@ -1,0 +1,173 @@
+"""Busy members are not dead ones (issue 23): jobs that burn every CPU twice over, on every
+member of a cluster, for --minutes; no member may be marked down and no job requeued.
+
+Three real `mtgpu-server` processes on loopback (two simulated GPUs each) form a cluster
+with MEMBER_DOWN_AFTER_S = --down-after (3 s, the least allowed: the jobs' lease is then
+2 s, so a member starved for two seconds loses its job). A temporary tenant runs one job
+on each member (`server=`) that keeps 2 x nproc busy loops (no fork in the loop) for
+--minutes, then ends. On a machine with one member per node that is "every CPU twice
+over" on every member; here the members share the machine, so it is 3 x that.
+
+Printed, per member and in total:
+- `marked_down`: times the member was marked down (the scheduler's log lines, and what
+  the nodes answer showed in the once-a-second samples);
+- `requeued`: jobs requeued or not `completed` at their first attempt;
+- `longest_report_gap_s`: the longest time between two reports of the member taken by
+  the scheduler (nodes --json's longest_report_gap_s; the scheduler's own member: between
+  two telemetry passes of its loop), read at the end, and the largest seen in samples
+  (a change of scheduler starts the count again);
+- `schedulers`: the members that scheduled during the run (more than one: an election).
+
+Target: 0 marked down, 0 requeued, every gap well under --down-after. Everything is
+removed at the end (servers by pid, the tenant, the jobs' cgroups), also on Ctrl-C.
+
+    python bench/busy_members.py [--minutes 10] [--down-after 3] [--json]     (as root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import run_as_root  # noqa: E402 (after the path is set)
+
+FINAL = ("completed", "failed", "cancelled", "lost")
+
+
+def burner_script(node: str, burners: int, seconds: int) -> str:
+    return ("#!/bin/bash\n"
+            f"#MTGPU server={node} name=burn-{node}\n"
+            f"for i in $(seq {burners}); do\n"
+            f"  ( SECONDS=0; while (( SECONDS < {seconds} )); do :; done ) &\n"
+            "done\n"
+            "wait\n")
+
+
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def run(minutes: float, down_after_s: float, members: int) -> dict:
+    from mtgpu.client.local import LocalClient
+    from tests.support.cluster import member_name, running_cluster
+    from tests.support.node import wait_for
+    from tests.support.users import temp_user
+
+    burners = 2 * (os.cpu_count() or 1)
+    seconds = int(minutes * 60)
+    with temp_user("mtbz") as user, running_cluster(members, down_after_s=down_after_s) as cl:
+        names = [member_name(m) for m in cl.members]
+        sched = cl.scheduler()
+        ids = {n: sched.submit_json(user, script=burner_script(n, burners, seconds))["job_id"] for n in names}
+        wait_for("a burning job running on every member",
+                 lambda: all(sched.job(j)["state"] == "running" for j in ids.values()), timeout_s=120)
+        t0 = time.monotonic()
+        seen_down = {n: 0 for n in names}
+        was_down = {n: False for n in names}
+        gap_seen = {n: 0.0 for n in names}
+        schedulers: list[str] = []
+        loads: list[float] = []
+        unanswered = 0
+        jobs: dict[str, dict] = {}
+        while time.monotonic() - t0 < seconds + 300:
+            time.sleep(1.0)
+            loads.append(load_average())
+            for m in cl.live():  # the first member that answers in time
+                try:
+                    with LocalClient(str(m.socket_path), timeout_s=5) as c:
+                        nodes = c.nodes()
+                        jobs = {n: c.job(j) for n, j in ids.items()}
+                    break
+                except Exception:  # noqa: BLE001 - busy or electing: ask another; counted below
+                    continue
+            else:
+                unanswered += 1
+                continue
+            for n in nodes:
+                down = n["state"] == "down"
+                if down and not was_down.get(n["name"], False):
+                    seen_down[n["name"]] = seen_down.get(n["name"], 0) + 1
+                was_down[n["name"]] = down
+                if n["role"] == "scheduler" and (not schedulers or schedulers[-1] != n["name"]):
+                    schedulers.append(n["name"])
+                gap = n.get("longest_report_gap_s")
+                if gap is not None:
+                    gap_seen[n["name"]] = max(gap_seen.get(n["name"], 0.0), gap)
+            if all(j["state"] in FINAL or j["attempt"] > 0 for j in jobs.values()):
+                break
+        elapsed = time.monotonic() - t0
+        sched = cl.scheduler()
+        with LocalClient(str(sched.socket_path), timeout_s=30) as c:
+            final_gaps = {n["name"]: n.get("longest_report_gap_s") for n in c.nodes()}
+            jobs = {n: c.job(j) for n, j in ids.items()}
+        log_downs = {n: 0 for n in names}
+        for m in cl.members:
+            for path in m.log_files:
+                for line in path.read_text(errors="replace").splitlines():
+                    if "member " in line and " is down: " in line:
+                        who = line.split("member ", 1)[1].split(" ", 1)[0]
+                        log_downs[who] = log_downs.get(who, 0) + 1
+        per_member = {}
+        for n in names:
+            job = jobs[n]
+            per_member[n] = {
+                "marked_down": max(log_downs.get(n, 0), seen_down.get(n, 0)),
+                "requeued": int(job["attempt"] > 0 or bool(job["history"]) or job["state"] != "completed"),
+                "job_state": job["state"], "job_attempt": job["attempt"],
+                "longest_report_gap_s": round(max(final_gaps.get(n) or 0.0, gap_seen.get(n, 0.0)), 2),
+            }
+        return {
+            "minutes": minutes, "members": members, "down_after_s": down_after_s, "cpus": os.cpu_count(),
+            "burners_per_member": burners, "elapsed_s": round(elapsed, 1),
+            "marked_down": sum(p["marked_down"] for p in per_member.values()),
+            "requeued": sum(p["requeued"] for p in per_member.values()),
+            "longest_report_gap_s": max(p["longest_report_gap_s"] for p in per_member.values()),
+            "schedulers": schedulers, "samples_unanswered": unanswered,
+            "load_average": [round(min(loads), 1), round(max(loads), 1)] if loads else [],
+            "per_member": per_member,
+        }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=10.0, help="how long the jobs burn")
+    ap.add_argument("--down-after", type=float, default=3.0, help="MEMBER_DOWN_AFTER_S (at least 3)")
+    ap.add_argument("--members", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.minutes <= 0 or args.down_after < 3 or args.members < 1:
+        ap.error(f"--minutes must be above 0, --down-after at least 3 and --members at least 1, not "
+                 f"{args.minutes}, {args.down_after} and {args.members}")
+    r = run_as_root("busy_members.py", "real servers and a real tenant", run, args.minutes, args.down_after,
+                    args.members, why_not=_why_not)
+    if isinstance(r, int):
+        return r
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"{r['members']} members, {r['burners_per_member']} busy loops each on {r['cpus']} CPUs for "
+          f"{r['minutes']:g} min (MEMBER_DOWN_AFTER_S {r['down_after_s']:g}), load average "
+          f"{'-'.join(str(x) for x in r['load_average'])}")
+    for name, p in r["per_member"].items():
+        print(f"  {name}: marked down {p['marked_down']}, job requeued {p['requeued']} ({p['job_state']}, "
+              f"attempt {p['job_attempt']}), longest gap between reports {p['longest_report_gap_s']:.2f} s")
+    print(f"marked down: {r['marked_down']}  requeued: {r['requeued']}  longest gap: {r['longest_report_gap_s']:.2f} s  "
+          f"schedulers: {', '.join(r['schedulers'])}  samples unanswered: {r['samples_unanswered']}")
+    return 0
+
+
+def _why_not() -> str | None:
+    from tests.support.users import can_create_users
+
+    return can_create_users()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
