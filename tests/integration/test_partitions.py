@@ -149,8 +149,11 @@ def test_a_scheduler_cut_off_alone_says_it_lost_the_majority_when_and_what_still
         sched.wait_state(jid, "running", timeout_s=60)
         wait_for("the job's first line", lambda: MARK in sched.mt_job(alice, "logs", str(jid)).stdout,
                  timeout_s=60, interval_s=0.5)
-        with sched.client() as c:
-            assert c.health()["standing"]["health"] == "up"
+
+        def up():
+            with sched.client() as c:
+                return c.health()["standing"]["health"] == "up"
+        wait_for("the scheduler to be up before the cut", up, timeout_s=30, interval_s=0.2)
         cut_from = time.time()
         lab.cut([me], others)
         cut_done = time.time()
@@ -208,8 +211,8 @@ def test_a_scheduler_cut_off_alone_says_it_lost_the_majority_when_and_what_still
         h, row = wait_for("the healed member to show normal again", normal, timeout_s=90, interval_s=0.5)
         assert h["standing"]["health"] == "up" and h["standing"]["majority_lost_at"] is None, h["standing"]
         assert row["role"] in ("scheduler", "voter") and "standing" not in row, row
-        # its log told both moments (a busy machine may add a blip of its own)
-        def whole_log() -> str:
+
+        def whole_log() -> str:  # its log told both moments (a busy machine may add a blip of its own)
             return "\n".join(p.read_text(errors="replace") for p in sched.log_files if p.exists())
         said = wait_for("the log to say it hears the cluster again",
                         lambda: f"{name} hears its cluster again" in (t := whole_log()) and t,
