@@ -349,9 +349,11 @@ def test_purge_removes_the_tenants_accounts_and_homes_and_nothing_else():
     with machine() as m:
         accounts = m.root / "accounts"
         (accounts / "etc").mkdir(parents=True)
-        for name in ("passwd", "group", "shadow", "gshadow", "subuid", "subgid", "login.defs"):
+        for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
             if Path("/etc", name).exists():
                 shutil.copy2(Path("/etc", name), accounts / "etc" / name)
+        for name in ("subuid", "subgid"):  # empty: the machine's hold other nodes' tenants (issue 23.6)
+            (accounts / "etc" / name).write_text("")
         homes = m.root / "home/mtgpu"
         homes.mkdir(parents=True)
         m.state_dir.mkdir(parents=True)
