@@ -6,9 +6,11 @@ last knew itself in a cluster whose scheduler held a majority. The shims (same
 machine, same monotonic clock) kill their job once it is older than `timeout_s`.
 
 Why that is safe. The scheduler marks a member down after MEMBER_DOWN_AFTER_S without
-a report, counted from the moment it received the member's last report, or from the
-moment it became the scheduler, whichever is later. The lease moment is never later
-than either:
+a report, counted from the moment it received the member's last report, from the moment
+it became the scheduler, or from the moment it came back from a stall of its own (its
+checks paused for more than half of MEMBER_DOWN_AFTER_S: scheduler_role.py), whichever
+is latest. Each of these only moves the marking later; the argument needs only the
+first two. The lease moment is never later than either:
 - a member other than the scheduler renews it with the moment it *sent* the report
   the scheduler took, minus how long ago that scheduler last heard a majority of the
   voters (a scheduler cut off from its voters may still take reports for a moment,

@@ -26,6 +26,7 @@ from .view import NodeTelemetry, build_queue, build_snapshot, build_usage, hold_
 log = logging.getLogger(__name__)
 
 NEWS_AFTER_S = 2.0  # a report after this long a silence (members report once a second) is news
+STALL_MIN_S = 2.0  # the shortest pause between two checks of the members taken for the scheduler's own stall
 
 
 @dataclass
@@ -50,6 +51,8 @@ class SchedulerRole:
     # since it schedules; its own member's are its loop's telemetry passes): how close a
     # busy member came to MEMBER_DOWN_AFTER_S (nodes --json, bench/busy_members.py).
     longest_gap_s: dict[str, float] = field(default_factory=dict)
+    _last_check_mono: float | None = None  # when _check_members last ran
+    _resumed_mono: float = 0.0  # when this scheduler last came back from a stall of its own
 
     def report(self, node: str, telemetry: NodeTelemetry) -> bool:
         """Keep a member's report; True when a pass should see it at once: the member's
@@ -103,18 +106,29 @@ class SchedulerRole:
         self.leader_since = now
         self.leader_since_mono = self.monotonic()
         self.longest_gap_s = {}
+        self._last_check_mono = None
         log.info("%s schedules now (epoch %d)", self.node_name, term)
         return True
 
     # ------------------------------------------------------------ health of members
     def _check_members(self, now: float) -> None:
         machine = self.store.machine
+        mono = self.monotonic()
+        if self._last_check_mono is not None and mono - self._last_check_mono > self._stall_s():
+            # This scheduler did not run for a while itself (its machine starved it, or a
+            # commit waited): reports may wait unread in its sockets, so a silence it saw
+            # is not the members'. Silence counts again from now. Marking a member down
+            # later is always safe (lease.py); marking it down for one's own stall is not
+            # what MEMBER_DOWN_AFTER_S is for.
+            log.warning("%s did not check its members for %.1fs: their silence counts from now",
+                        self.node_name, mono - self._last_check_mono)
+            self._resumed_mono = mono
+        self._last_check_mono = mono
         for node in list(machine.nodes.values()):
             if node.name == self.node_name:
                 continue
             tel = self.telemetry.get(node.name)
-            mono = self.monotonic()
-            silent_s = mono - max(tel.heard_mono if tel else 0.0, self.leader_since_mono)
+            silent_s = mono - max(tel.heard_mono if tel else 0.0, self.leader_since_mono, self._resumed_mono)
             if not node.down and silent_s > self.down_after_s:
                 reason = f"no report for {silent_s:.0f}s"
                 log.warning("member %s is down: %s", node.name, reason)
@@ -125,6 +139,11 @@ class SchedulerRole:
                 try_commit(self.store, C.NODE_UP, name=node.name, at=now)
             if node.down:
                 self._evict(node.name, node.down_reason, now)  # finish what an earlier pass left undone
+
+    def _stall_s(self) -> float:
+        """A pause of this scheduler's own checks longer than this is its stall, not the
+        members' silence: passes come every tick, or at most PASS_REST_MAX_S apart."""
+        return max(STALL_MIN_S, self.down_after_s / 2)
 
     def _evict(self, node: str, reason: str, now: float) -> None:
         """Jobs with a rank on a down node: a single job is lost and requeued (unless it

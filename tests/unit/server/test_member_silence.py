@@ -1,0 +1,80 @@
+"""When the scheduler marks a member down: after MEMBER_DOWN_AFTER_S without a report taken,
+counted from the last report, from the moment it began to schedule, or from the end of a
+stall of its own (issue 23: a slow scheduler takes no one for dead). Time is injected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtgpu.server.member.scheduler_role import SchedulerRole
+from mtgpu.server.member.view import NodeTelemetry
+from mtgpu.state import commands as C
+from mtgpu.state.journal import JournaledState
+from mtgpu.state.store import commit
+
+DOWN_AFTER_S = 3.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_role(tmp_path: Path) -> tuple[SchedulerRole, JournaledState, Clock]:
+    store = JournaledState(tmp_path / "state")
+    for name in ("sched", "b"):
+        assert commit(store, C.NODE_REGISTER, name=name, gpus=[], cpus=2.0, mem_total_bytes=1 << 30, at=0.0)["ok"]
+    mono = Clock()
+    role = SchedulerRole(store, "sched", clock=lambda: 5000.0, down_after_s=DOWN_AFTER_S, monotonic=mono)
+    role.run_once(5000.0, store.term())  # elected at mono 1000
+    return role, store, mono
+
+
+def hear(role: SchedulerRole, mono: Clock, node: str = "b") -> None:
+    role.report(node, NodeTelemetry(heard_mono=mono.t))
+
+
+def pass_at(role: SchedulerRole, store: JournaledState, mono: Clock, t: float) -> bool:
+    """One pass at monotonic moment t; whether b is down after it."""
+    mono.t = t
+    role.run_once(5000.0, store.term())
+    return store.machine.nodes["b"].down
+
+
+def test_a_member_silent_past_member_down_after_s_is_marked_down(tmp_path):
+    role, store, mono = make_role(tmp_path)
+    hear(role, mono)
+    t = 1000.0
+    while t < 1002.8:  # passes every 0.2 s, as the loop runs them
+        t += 0.2
+        assert not pass_at(role, store, mono, t)
+    assert pass_at(role, store, mono, 1003.2)
+
+
+def test_a_scheduler_back_from_its_own_stall_gives_members_the_full_time_again(tmp_path):
+    role, store, mono = make_role(tmp_path)
+    hear(role, mono)
+    assert not pass_at(role, store, mono, 1000.5)
+    # The scheduler itself ran nothing for 4 s (its machine starved it): b's reports may
+    # be waiting unread in its socket. No one is marked down for that...
+    assert not pass_at(role, store, mono, 1004.5)
+    assert not pass_at(role, store, mono, 1006.0)
+    hear(role, mono)  # ...and the reports read after it count
+    assert not pass_at(role, store, mono, 1007.0)
+    # a member that really went silent is still marked down, MEMBER_DOWN_AFTER_S later
+    t = 1007.0
+    while t < 1008.8:
+        t += 0.2
+        assert not pass_at(role, store, mono, t)
+    assert pass_at(role, store, mono, 1009.2)
+
+
+def test_the_longest_gap_between_a_members_reports_is_kept_since_this_scheduler_began(tmp_path):
+    role, store, mono = make_role(tmp_path)
+    for t in (1000.0, 1001.0, 1002.7, 1003.5):
+        mono.t = t
+        hear(role, mono)
+    assert abs(role.longest_gap_s["b"] - 1.7) < 1e-9
