@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 NEWS_AFTER_S = 2.0  # a report after this long a silence (members report once a second) is news
 STALL_MIN_S = 2.0  # the shortest pause between two checks of the members taken for the scheduler's own stall
+STALL_EXCUSED_EVERY = 3  # a stall of its own excused at most once per this many MEMBER_DOWN_AFTER_S
 
 
 @dataclass
@@ -52,7 +53,7 @@ class SchedulerRole:
     # busy member came to MEMBER_DOWN_AFTER_S (nodes --json, bench/busy_members.py).
     longest_gap_s: dict[str, float] = field(default_factory=dict)
     _last_check_mono: float | None = None  # when _check_members last ran
-    _resumed_mono: float = 0.0  # when this scheduler last came back from a stall of its own
+    _resumed_mono: float = -1e18  # when this scheduler last came back from a stall of its own
 
     def report(self, node: str, telemetry: NodeTelemetry) -> bool:
         """Keep a member's report; True when a pass should see it at once: the member's
@@ -114,12 +115,14 @@ class SchedulerRole:
     def _check_members(self, now: float) -> None:
         machine = self.store.machine
         mono = self.monotonic()
-        if self._last_check_mono is not None and mono - self._last_check_mono > self._stall_s():
+        if (self._last_check_mono is not None and mono - self._last_check_mono > self._stall_s()
+                and mono - self._resumed_mono > STALL_EXCUSED_EVERY * self.down_after_s):
             # This scheduler did not run for a while itself (its machine starved it, or a
             # commit waited): reports may wait unread in its sockets, so a silence it saw
             # is not the members'. Silence counts again from now. Marking a member down
             # later is always safe (lease.py); marking it down for one's own stall is not
-            # what MEMBER_DOWN_AFTER_S is for.
+            # what MEMBER_DOWN_AFTER_S is for. Once per STALL_EXCUSED_EVERY x that at most:
+            # a scheduler that stalls again and again still marks a dead member down.
             log.warning("%s did not check its members for %.1fs: their silence counts from now",
                         self.node_name, mono - self._last_check_mono)
             self._resumed_mono = mono

@@ -78,3 +78,16 @@ def test_the_longest_gap_between_a_members_reports_is_kept_since_this_scheduler_
         mono.t = t
         hear(role, mono)
     assert abs(role.longest_gap_s["b"] - 1.7) < 1e-9
+
+
+def test_a_scheduler_that_stalls_again_and_again_still_marks_a_silent_member_down(tmp_path):
+    role, store, mono = make_role(tmp_path)
+    hear(role, mono)
+    down_at = None
+    t = 1000.0
+    while down_at is None and t < 1100.0:
+        t += 2.5  # every pass comes after a stall of the scheduler's own, and b never reports
+        if pass_at(role, store, mono, t):
+            down_at = t
+    # excused once (the silence counts from 1002.5), then marked down within MEMBER_DOWN_AFTER_S more
+    assert down_at is not None and down_at - 1002.5 <= DOWN_AFTER_S + 2.5, down_at
