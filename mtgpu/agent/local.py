@@ -180,6 +180,23 @@ class LocalAgent:
             with self._lock:
                 self._stopping.discard(job_id)
 
+    def fence_unsupervised(self, why: str) -> list[int]:
+        """Kill every job that runs on without its supervisor (shim), which would have
+        fenced it: this member's lease has lapsed. Returns their ids."""
+        unsupervised = getattr(self.runner, "unsupervised", None)
+        if unsupervised is None:
+            return []
+        with self._lock:
+            jobs = [j for j in self._active if j not in self._stopping and unsupervised(j)]
+            self._stopping.update(jobs)
+        try:
+            for job_id in jobs:
+                self.runner.fence(job_id, why)
+        finally:
+            with self._lock:
+                self._stopping.difference_update(jobs)
+        return jobs
+
     def forget(self, job_id: int) -> None:
         """Drop a job whose end has been recorded."""
         with self._lock:

@@ -337,6 +337,27 @@ def test_a_job_that_outlived_its_killed_shim_is_watched_to_its_end_which_is_unkn
         flag.unlink(missing_ok=True)
 
 
+def test_a_job_that_outlived_its_killed_shim_can_be_fenced_by_the_server_and_ends_fenced(runners, tenant):
+    first = runners.new()
+    state = first.start(make_launch(runners, tenant, "sleep 300 &\nsleep 301\n"))
+    sleeps = {b"sleep\x00300\x00", b"sleep\x00301\x00"}
+    wait_for("the job's sleeps", lambda: sleeps <= {cmdline(p) for p in marked_pids(1, state["run_token"])})
+    state = first.get_state(1)
+    os.kill(state["shim_pid"], signal.SIGKILL)
+    first._runs[1].shim.wait(timeout=5)
+    del first._runs[1]
+
+    second = runners.new()
+    assert second.load_state(1, state) == "running-unsupervised" and second.unsupervised(1)
+    second.fence(1, "fenced: the lease lapsed")
+    assert marked_pids(1, state["run_token"]) == set()
+    info = second.poll(1)
+    assert info.fenced and not info.natural and info.reason == "fenced: the lease lapsed" and not second.unsupervised(1)
+    third = runners.new()  # and so it reads after another restart
+    assert third.load_state(1, state) == "lost" and third.poll(1).fenced
+    del second._runs[1]
+
+
 def test_a_tenant_cannot_read_another_tenants_log(runners, runner, temp_user_factory):
     alice, bob = temp_user_factory("mtta"), temp_user_factory("mttb")
     launch = make_launch(runners, alice, "echo alice-secret\n")

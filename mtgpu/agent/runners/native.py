@@ -334,6 +334,10 @@ class NativeRunner:
         started.json); the machine restarted since it started (another boot id: the reboot
         killed it, an interruption); or, in the same boot, its shim was killed and its
         processes are gone: they may have run to their end, their exit status is unknown."""
+        try:  # fenced by the server, its shim gone (fence())
+            return ExitInfo(None, signal.SIGKILL, (run.job_dir / "fenced").read_text(), fenced=True)
+        except OSError:
+            pass
         if run.stopped:
             return ExitInfo(None, None, "stopped; the runner shim was killed before it recorded the exit", stopped=True)
         if not child:
@@ -464,6 +468,21 @@ class NativeRunner:
                     run.shim.wait(timeout=2.0)
                 except subprocess.TimeoutExpired:
                     pass
+
+    def unsupervised(self, job_id: int) -> bool:
+        """Whether the job runs on without its shim, which would fence it (shim.py)."""
+        run = self._runs.get(job_id)
+        return run is not None and run.exit is None and run.unsupervised_since is not None
+
+    def fence(self, job_id: int, why: str) -> None:
+        """Kill a job whose shim is gone, as its shim would have fenced it: its end is
+        then a fence (`why`), also after a restart, not a stop of the agent's."""
+        run = self._run(job_id)
+        try:
+            (run.job_dir / "fenced").write_text(why)
+        except OSError:
+            pass
+        self.stop(job_id, grace_s=0)
 
     def cleanup(self, job_id: int) -> None:
         """After the job ended: kill what it left running in the background and remove its

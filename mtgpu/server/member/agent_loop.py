@@ -96,6 +96,8 @@ class AgentLoop:
         now, mono = self.clock(), time.monotonic()  # wall: for the record; monotonic: every interval
         self._send_reports()
         runs = self.agent.runs()
+        if self._fence_unsupervised():
+            runs = self.agent.runs()
         with self.store.lock:
             machine = self.store.machine
             me = machine.nodes.get(self.node_name)
@@ -125,6 +127,24 @@ class AgentLoop:
             self._next_log_sweep = mono + LOG_SWEEP_EVERY_S
             self.sweep_logs()
         self._jobs_known = jobs_known
+
+    def _fence_unsupervised(self) -> list[int]:
+        """A job whose supervisor died runs on with nobody to fence it (shim.py): once this
+        member's lease has lapsed, this server kills it, as its shim would have, so that it
+        never runs beside a copy the cluster requeued elsewhere."""
+        lease = self.lease
+        if lease is None or lease.at is None:
+            return []
+        age = time.monotonic() - lease.at
+        if age <= lease.timeout_s:
+            return []
+        fenced = self.agent.fence_unsupervised(
+            f"fenced: this node's agent lost contact with the cluster for more than {lease.timeout_s:g}s; the job, "
+            "whose supervisor (shim) had died, was stopped by the server so it cannot run twice")
+        for job_id in fenced:
+            log.warning("job %d: its supervisor is gone and this member's lease lapsed %.1fs ago: stopped", job_id,
+                        age - lease.timeout_s)
+        return fenced
 
     def _placed(self, job: Job) -> PlacedRank | None:
         rank = self._my_rank(job)
