@@ -82,8 +82,9 @@ class AgentLoop:
                 log.info("job %d (attempt %d) ended while the server was down; its end is reported", r.job_id,
                          r.attempt)
             elif r.outcome == LOST:
+                ended = self.agent.runner.poll(r.job_id)
                 log.warning("job %d (attempt %d): its processes were gone with no exit record (%s)", r.job_id,
-                            r.attempt, self.agent.runner.poll(r.job_id).reason)
+                            r.attempt, ended.reason if ended is not None else "")
             else:
                 log.info("job %d (attempt %d) had not started when the server stopped: it may start now", r.job_id,
                          r.attempt)
