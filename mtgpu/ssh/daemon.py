@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from mtgpu.agent import procs
 import mtgpu
@@ -217,8 +218,10 @@ class TenantSshd:
             return None  # our child exited (a zombie answers kill 0)
         return pid
 
-    def start(self, timeout_s: float = 10.0) -> int:
-        """Check the config (`sshd -t`), start sshd in the foreground as our child, wait until it listens."""
+    def start(self, timeout_s: float = 10.0, place: Callable[[int], object] | None = None) -> int:
+        """Check the config (`sshd -t`), start sshd in the foreground as our child, wait until it listens.
+        `place(pid)`: called at once, before sshd can take a connection (e.g. to move it into a cgroup
+        of its own, where its sessions are then born)."""
         if self.pid() is not None:
             raise SshdError(f"the tenant sshd already runs (PID {self.pid()}, {self.pid_path})")
         check = subprocess.run([self.sshd_path, "-t", "-f", str(self.config_path)], capture_output=True, text=True)
@@ -231,6 +234,8 @@ class TenantSshd:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         try:
+            if place is not None:
+                place(self._proc.pid)
             self._wait_listening(offset, timeout_s)
         except BaseException:
             self._kill_child()

@@ -8,23 +8,27 @@ lease 2 s) so that a member starved for a couple of seconds would show at once.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
 from mtgpu.agent.runners.cgroups import SERVICES_CPU_WEIGHT, CgroupManager
 from tests.support.cluster import member_name, running_cluster
-from tests.support.node import wait_for
-from tests.support.users import can_create_users
+from tests.support.node import free_port, running_node, wait_for
+from tests.support.users import can_create_users, remove_tenant_accounts
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
 
 BURN_S = 75
 DOWN_AFTER_S = 3.0
+UID_RANGE = (430000, 439999)  # apart from other tests' tenants
 
 
 def burner_script(node: str, burners: int, seconds: int) -> str:
@@ -113,3 +117,38 @@ def test_a_member_is_held_in_a_services_group_weighted_above_its_jobs_and_leaves
         member.wait()
     cg = f"/proc/{os.getpid()}/cgroup"
     assert not services.exists() and not jobs.exists(), open(cg).read()
+
+
+def cpu_cgroup(pid: int) -> str:
+    """The process's group in the cpu hierarchy (v1), or its only one (v2)."""
+    lines = [x.split(":", 2) for x in open(f"/proc/{pid}/cgroup").read().splitlines()]
+    for _, ctrls, path in lines:
+        if "cpu" in ctrls.split(","):
+            return path
+    return next(path for _, ctrls, path in lines if ctrls == "")
+
+
+def test_the_member_runs_in_its_services_group_and_the_tenant_sshd_beside_it_at_the_jobs_weight(tmp_path):
+    """Tenants' SSH sessions are tenants' work: they are born where the sshd is, which is
+    not the member's services group (they would otherwise get, and could take, its share)."""
+    ssh_port = free_port()
+    name = f"tb{os.getpid() % 10000}{time.monotonic_ns() % 1000}"
+    with running_node([], parent_dir="/var/lib", CLUSTER_ID="lab-busy", SSH_LISTEN=f"127.0.0.1:{ssh_port}",
+                      TENANT_UID_RANGE=list(UID_RANGE)) as node:
+        try:
+            r = node.admin("tenant", "invite", name, "--json")
+            assert r.returncode == 0, r.stderr
+            r = subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", "join", json.loads(r.stdout)["code"],
+                                "--server", f"127.0.0.1:{node.port}", "--json"], capture_output=True, text=True,
+                               env={**os.environ, "REMOTEGPU_HOME": str(tmp_path / "client")}, timeout=60)
+            assert r.returncode == 0, r.stderr + node.server_log()
+            pid_file = node.state_dir / "ssh" / "sshd.pid"
+            sshd = wait_for("the tenant sshd to start", lambda: pid_file.is_file() and pid_file.read_text().strip()
+                            and int(pid_file.read_text()), timeout_s=60)
+            member = cpu_cgroup(node.proc.pid)
+            assert member.endswith("-services"), member
+            assert cpu_cgroup(sshd) == member.removesuffix("-services") + "-sessions", (cpu_cgroup(sshd), member)
+        finally:
+            node.terminate()
+            problems = remove_tenant_accounts([name], UID_RANGE)
+            assert not problems, problems

@@ -13,8 +13,10 @@ parent is weighted against a sibling group of the member's own, `<own>/<parent>-
 process, and what it starts afterwards (the job shims that fence its jobs, the tenant
 sshd) run there, at SERVICES_CPU_WEIGHT times the CPU weight of all its jobs together
 (v1 `cpu.shares`, v2 `cpu.weight`). Jobs still get every CPU the member leaves idle; when
-they burn every core, the member's reports, Raft and API still run at once. On v2 the
-two are siblings because a group with controllers enabled may hold no process.
+they burn every core, the member's reports, Raft and API still run at once. The tenant
+sshd, whose sessions are tenants' work, is moved out again as it starts, into
+`<own>/<parent>-sessions` at the jobs' weight (`place_sessions()`). On v2 these are
+siblings because a group with controllers enabled may hold no process.
 
 GPU device nodes a job may not open are denied through the v1 devices controller
 (`devices.deny`) or, on v2, which has no devices controller, by a device eBPF program
@@ -43,6 +45,7 @@ CPU_PERIOD_US = 100_000
 # groups share whenever it wants it, and its jobs get the rest and everything it leaves.
 SERVICES_CPU_WEIGHT = 20
 SERVICES_SUFFIX = "-services"
+SESSIONS_SUFFIX = "-sessions"  # the tenant sshd and its sessions: tenants' work, at the jobs' weight
 
 
 def parent_for(node_name: str, state_dir: str | Path) -> str:
@@ -418,6 +421,21 @@ class CgroupManager:
             problems.append(weight)
         return "; ".join(problems) or None
 
+    def place_sessions(self, pid: int) -> str | None:
+        """Move `pid` (the tenant sshd, as it starts: its sessions are born where it is) out
+        of the services group into `<own>/<parent>-sessions`, at the default weight, the
+        jobs' parent's: tenants' interactive work gets no more than their jobs, and never
+        the member's share. None when done, else why not."""
+        problems = []
+        for ctrl, base in self.bases.items():
+            group = base.with_name(self.parent + SESSIONS_SUFFIX)
+            try:
+                group.mkdir(exist_ok=True)
+                _write(group / "cgroup.procs", str(pid))
+            except OSError as e:
+                problems.append(f"{group}: {e.strerror or e}")
+        return "; ".join(problems) or None
+
     def _weigh_services(self) -> str | None:
         """Write the services group's CPU weight; why not, or None."""
         if "unified" in self.services:
@@ -447,7 +465,8 @@ class CgroupManager:
     def release(self) -> None:
         """When the member stops: it goes back to the groups it started in, and its services
         group and jobs' parent go if nothing is left in them (a job that runs on through a
-        restart keeps its shim in the one and its group in the other; rmdir refuses a
+        restart keeps its shim in the one and its group in the other, a tenant sshd left
+        running keeps the sessions group; rmdir refuses a
         non-empty group, and the next start takes them over). On v2, a group with
         controllers enabled takes no process back: the member then stays in its services
         group until it exits, and the service manager removes its own group."""
@@ -458,8 +477,9 @@ class CgroupManager:
                 except OSError:
                     pass
             self._held = None
-        services = {*self.services.values(), *(b.with_name(self.parent + SERVICES_SUFFIX) for b in self.bases.values())}
-        for group in [*services, *self.bases.values()]:  # (a member killed earlier left its own: gone if empty)
+        siblings = {*self.services.values(), *(b.with_name(self.parent + suffix) for b in self.bases.values()
+                                               for suffix in (SERVICES_SUFFIX, SESSIONS_SUFFIX))}
+        for group in [*siblings, *self.bases.values()]:  # (a member killed earlier left its own: gone if empty)
             try:
                 group.rmdir()
             except OSError:

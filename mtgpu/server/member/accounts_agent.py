@@ -18,6 +18,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 from ...accounts.apply import apply_plan, read_os_accounts, remove_account, run_tool
 from ...accounts.plan import TenantSpec, plan_accounts, tenant_home
@@ -35,8 +36,10 @@ LOGIN_RECORD_EVERY_S = 600.0
 
 
 class AccountsAgent:
-    def __init__(self, store: Store, config: Config, node_name: str, clock, cluster_id: str) -> None:
+    def __init__(self, store: Store, config: Config, node_name: str, clock, cluster_id: str,
+                 place_sshd: Callable[[int], object] | None = None) -> None:
         self.store = store
+        self.place_sshd = place_sshd  # moves the tenant sshd as it starts (out of the member's services cgroup)
         self.config = config
         self.node_name = node_name
         self.clock = clock
@@ -163,7 +166,7 @@ class AccountsAgent:
             sshd.prepare()
             if sshd.pid() is not None:  # left running by an earlier server process
                 sshd.stop()
-            sshd.start()
+            sshd.start(place=self.place_sshd)
         except (SshdError, OSError, ValueError) as e:
             self.sshd_problem = f"the tenant sshd on {self.config.SSH_LISTEN} is not running: {e}"
             log.warning("%s", self.sshd_problem)

@@ -65,7 +65,9 @@ class Member:
                                     idle_timeout_s=config.CONTAINERS.idle_timeout_s,
                                     vram_policy=config.GPU_POLICY.vram_overuse,
                                     vram_grace_s=config.GPU_POLICY.vram_grace_s)
-        self.accounts = AccountsAgent(store, config, self.node_name, clock, config.CLUSTER_ID or self.node_name)
+        cgroups = getattr(agent.runner, "cgroups", None)  # the tenant sshd goes beside the member's services
+        self.accounts = AccountsAgent(store, config, self.node_name, clock, config.CLUSTER_ID or self.node_name,
+                                      place_sshd=self._place_sshd if cgroups is not None else None)
         self.local_telemetry: NodeTelemetry | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -91,6 +93,12 @@ class Member:
         self.accounts.stop()
         self.store.close()
         self.agent.close()
+
+    def _place_sshd(self, pid: int) -> None:
+        why = self.agent.runner.cgroups.place_sessions(pid)
+        if why:
+            log.warning("the tenant sshd stays in this member's services cgroup (%s): tenants' sessions get its "
+                        "CPU weight", why)
 
     def wake(self) -> None:
         self._wake.set()
