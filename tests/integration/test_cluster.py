@@ -387,13 +387,16 @@ def test_an_array_spreads_over_members_with_at_most_k_running_and_a_member_can_b
 
 
 def _account_db(root: Path) -> Path:
-    """A separate account database (useradd --prefix ROOT), as a second machine would have."""
+    """A separate account database (useradd --prefix ROOT), as a second machine would have.
+    Its subuid and subgid start empty: the machine's hold other nodes' tenants (issue 23.6)."""
     etc = root / "etc"
     etc.mkdir(parents=True)
-    for name in ("passwd", "group", "shadow", "gshadow", "subuid", "subgid", "login.defs"):
+    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
         src = Path("/etc") / name
         if src.exists():
             (etc / name).write_bytes(src.read_bytes())
+    for name in ("subuid", "subgid"):
+        (etc / name).write_text("")
     return root
 
 
@@ -438,7 +441,12 @@ GPUS_4 = [{"model": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "vram": "80G", 
 
 
 def test_votes_and_the_scheduler_move_to_the_most_capable_members_without_stopping_jobs(alice):
-    with running_cluster(3) as cl:
+    # m2's jobs outlive its restart only if it reports again within the lease
+    # (MEMBER_DOWN_AFTER_S less a second, less the scheduler's last word with a majority);
+    # else they are fenced and requeued, by design (README). On a busy machine a restart took
+    # 1.5-5.6 s here, close to the 7 s of the default 8: 20 leaves a busy machine room
+    # (issue 23: job 1's copy ran on m2 after its first run was fenced there).
+    with running_cluster(3, down_after_s=20.0) as cl:
         m0 = cl.members[0]
         marks = marks_dir(alice, "marks-voters")
         flag = Path(alice.home) / "go-voters"
@@ -475,7 +483,8 @@ def test_votes_and_the_scheduler_move_to_the_most_capable_members_without_stoppi
         wait_for("five voters", lambda: roles(big) == want5, timeout_s=90)
         flag.touch()
         for j in ids:
-            assert m0.wait_state(j, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
+            job = m0.wait_state(j, {"completed", "failed"}, timeout_s=30)
+            assert job["state"] == "completed" and job["history"] == [], job
             assert len((marks / str(j)).read_text().splitlines()) == 1
         # Every member restarts (a power cut): the roles come back from the journals.
         for m in cl.members:
@@ -491,7 +500,8 @@ def test_votes_and_the_scheduler_move_to_the_most_capable_members_without_stoppi
         sched = cl.scheduler(among=live)
         assert sched is not big
         jid = sched.submit_json(alice, "--gpus", "1", "--wrap", "true")["job_id"]
-        assert sched.wait_state(jid, {"completed", "failed"}, timeout_s=30)["state"] == "completed"
+        # placed on big before it is marked down (20 s), it is requeued and runs elsewhere
+        assert sched.wait_state(jid, {"completed", "failed"}, timeout_s=90)["state"] == "completed"
 
 
 def test_a_dead_voter_is_replaced_and_votes_again_once_it_is_back(alice):
