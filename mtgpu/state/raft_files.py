@@ -44,6 +44,9 @@ from .journal import JournalCorrupt
 _NAME = b"PYSYNCOBJ"
 _HEADER = 24 + 8 + 4 + 4
 _COMMAND_TYPES = {0, 1, 2, 3}  # regular, no-op, membership, version
+# pysyncobj's number for raft.py's one replicated method (it numbers them from 0 by
+# version and name); a regular entry with another number would call nothing of ours.
+METHOD_ID = 0
 
 
 def _refuse(path: Path, what: str, replica_files: list[Path]) -> JournalCorrupt:
@@ -118,7 +121,7 @@ def _journal_problem(data: bytes) -> str | None:
 
 
 def _regular_problem(body: object) -> str | None:
-    if not (isinstance(body, tuple) and len(body) == 2 and isinstance(body[0], int)
+    if not (isinstance(body, tuple) and len(body) == 2 and body[0] == METHOD_ID
             and isinstance(body[1], tuple) and len(body[1]) == 1):
         return "that is not a call of the state machine's one replicated method"
     return command_problem(body[1][0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import pickle
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from mtgpu.state import commands as C
 from mtgpu.state.checksums import seal_command, seal_state
 from mtgpu.state.journal import JournalCorrupt
 from mtgpu.state.raft import RaftState
-from mtgpu.state.raft_files import check_replica_files
+from mtgpu.state.raft_files import METHOD_ID, check_replica_files
 
 
 def _regular(command: dict) -> bytes:
@@ -168,6 +169,7 @@ def test_a_replica_s_changed_journal_entry_is_refused_before_it_is_replayed(tmp_
     entry and its command, where it used to replay the changed script."""
     address = _free_address()
     rs = _lone_replica(tmp_path, address)
+    assert rs._sync._methodToID == {(id(rs._consumer), "apply_command_v0"): METHOD_ID}  # what the check expects
     _submit(rs, "echo hi 2")
     rs.close()
     journal = tmp_path / "raft.journal"
@@ -212,3 +214,25 @@ def test_a_replica_s_snapshot_is_checksummed_read_back_whole_and_refused_changed
     packed = dump.read_bytes()  # a byte of the packed file changed: gzip's CRC-32 sees it
     dump.write_bytes(packed[:-6] + bytes([packed[-6] ^ 0x10]) + packed[-5:])
     assert "(the snapshot) cannot be read" in _refusal(tmp_path / "raft.journal", dump)
+
+
+def test_every_single_bit_flip_in_a_command_is_refused_or_changes_nothing(replica):
+    """Wherever one bit of a command's pickled bytes flips, the replica is refused, or the
+    command pysyncobj would apply is exactly the one written (a flip in pickle's own
+    framing that changes no value): a changed command is never taken as whole, nor as
+    one written before checksums."""
+    journal, dump = replica
+    whole = journal.read_bytes()
+    at = 40 + 4 + 17 + 4  # entry 2's record, after the no-op's
+    (size,) = struct.unpack("<I", whole[at:at + 4])
+    body_start, body_end = at + 4 + 16 + 1, at + 4 + size  # after index, term and the kind byte
+    written = pickle.loads(whole[body_start:body_end])
+    for i in range(body_start, body_end):
+        damaged = bytearray(whole)
+        damaged[i] ^= 1 << (i % 8)
+        journal.write_bytes(bytes(damaged))
+        try:
+            check_replica_files(journal, dump)
+        except JournalCorrupt:
+            continue
+        assert pickle.loads(bytes(damaged[body_start:body_end])) == written, f"a flip at byte {i} was taken as whole"
