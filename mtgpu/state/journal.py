@@ -92,13 +92,23 @@ class JournaledState:
             data = f.read()
         pos = 0
         lineno = 0
+        mended = False  # the last entry's line end was written back
         sealed_seen = sealed_snapshot  # after a checksummed entry, every entry has one
         while pos < len(data):
             nl = data.find(b"\n", pos)
             if nl < 0:
-                log.warning("journal %s: dropping a torn last line (%d bytes) never acknowledged",
-                            self.journal_path, len(data) - pos)
-                break
+                whole = _whole_entry(data[pos:])
+                if whole is None:
+                    log.warning("journal %s: dropping a torn last line (%d bytes) never acknowledged",
+                                self.journal_path, len(data) - pos)
+                    break
+                # A whole entry (its checksum matches) whose line end is missing or changed: a
+                # flipped bit, not a torn write. Kept, and its line end written back below.
+                log.warning("journal %s: the last entry's line end was lost or changed; the entry is whole (its "
+                            "checksum matches) and kept", self.journal_path)
+                data = data[:pos] + whole + b"\n"
+                nl = len(data) - 1
+                mended = True
             lineno += 1
             line = data[pos:nl]
             try:
@@ -134,6 +144,12 @@ class JournaledState:
         if good_end < len(data):
             with open(self.journal_path, "r+b") as f:
                 f.truncate(good_end)
+        elif mended:
+            with open(self.journal_path, "r+b") as f:
+                f.truncate(good_end - 1)
+                f.seek(good_end - 1)
+                f.write(b"\n")
+                os.fsync(f.fileno())
         log.info("state loaded: %d jobs, %d journal entries replayed", len(machine.jobs), replayed)
         return machine
 
@@ -225,6 +241,20 @@ class JournaledState:
 
     def term(self) -> int:
         return 1
+
+
+def _whole_entry(tail: bytes) -> bytes | None:
+    """The checksummed entry a last line without its line end holds (the line end lost, or
+    its byte changed), or None: a torn write, never acknowledged, cannot end in a whole
+    checksummed entry."""
+    for line in (tail, tail[:-1]):
+        try:
+            body, sealed = open_json(line)
+            if sealed and isinstance(json.loads(body), dict):
+                return line
+        except ValueError:  # ChecksumMismatch too
+            continue
+    return None
 
 
 def _fsync_dir(path: Path) -> None:

@@ -139,6 +139,19 @@ def test_every_single_bit_flip_in_an_entry_is_refused(tmp_path):
             JournaledState(tmp_path)
 
 
+def test_a_flipped_line_end_of_the_last_entry_keeps_it_and_writes_the_line_end_back(tmp_path, caplog):
+    """The last line without its line end is a torn write (dropped), unless it holds a whole
+    checksummed entry: then a bit flipped, and the entry, acknowledged, is kept."""
+    js = hi_journal(tmp_path)
+    whole = js.journal_path.read_bytes()
+    for damaged in (whole[:-1], whole[:-1] + b"\x0b"):
+        js.journal_path.write_bytes(damaged)
+        again = JournaledState(tmp_path)
+        again.close()
+        assert [j.spec.script for j in again.machine.jobs.values()] == ["echo hi 1", "echo hi 2", "echo hi 3"]
+        assert js.journal_path.read_bytes() == whole and "line end was lost or changed" in caplog.text
+
+
 def legacy_journal(directory, scripts=("echo hi 1", "echo hi 2")) -> list[bytes]:
     """A journal as the version before checksums wrote it, byte for byte."""
     commands = [C.command(C.TENANT_ENSURE, name="alice", uid=2001, gid=2001, at=1.0)] + [
