@@ -64,7 +64,8 @@ def open_json(data: bytes) -> tuple[bytes, bool]:
         want = data[len(_LINE_MARK):_MARK_END]
         got = crc_hex(body).encode()
         if want != got:
-            raise ChecksumMismatch(f"its checksum ({want.decode(errors='replace')}) is not that of its bytes ({got.decode()})")
+            raise ChecksumMismatch(f"its checksum ({want.decode(errors='replace')}) is not that of its bytes "
+                                   f"({got.decode()})")
         return body, True
     if _MARK_SHAPE.match(data):
         raise ChecksumMismatch("its checksum field is damaged")

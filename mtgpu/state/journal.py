@@ -114,8 +114,8 @@ class JournaledState:
             try:
                 body, sealed = open_json(line)
             except ChecksumMismatch as e:
-                raise JournalCorrupt(self._cut_here(pos, len(data), lineno, f"{self._which(line)} that was changed on "
-                                                                    f"disk since it was written ({e})")) from None
+                changed = f"{self._which(line)} that was changed on disk since it was written ({e})"
+                raise JournalCorrupt(self._cut_here(pos, len(data), lineno, changed)) from None
             try:
                 entry = json.loads(body)
             except ValueError:
@@ -128,13 +128,12 @@ class JournaledState:
                 raise JournalCorrupt(self._cut_here(pos, len(data), lineno, "a line that is not a journal entry"))
             if seq > machine.applied:
                 if seq != machine.applied + 1:
-                    raise JournalCorrupt(self._cut_here(pos, len(data), lineno, f"a sequence jump from {machine.applied} "
-                                                                        f"to {seq}"))
+                    jump = f"a sequence jump from {machine.applied} to {seq}"
+                    raise JournalCorrupt(self._cut_here(pos, len(data), lineno, jump))
                 if not sealed:
                     if sealed_seen or not is_legacy_line(line):
-                        raise JournalCorrupt(self._cut_here(
-                            pos, len(data), lineno, f"{self._which(line)} without a checksum where every entry has "
-                                                    "one (its checksum field lost?)"))
+                        bare = f"{self._which(line)} without a checksum where every entry has one (its checksum lost?)"
+                        raise JournalCorrupt(self._cut_here(pos, len(data), lineno, bare))
                     self._legacy_read = True
                 machine.apply(entry["command"])
                 replayed += 1
@@ -169,8 +168,8 @@ class JournaledState:
     def _cut_here(self, pos: int, size: int, lineno: int, what: str) -> str:
         return (f"the journal {self.journal_path} has {what} at byte {pos} of {size} (line {lineno}): the commands "
                 "from there on were acknowledged and cannot be replayed safely, so the node does not start. To start "
-                f"from what is intact (the changes from byte {pos} on are lost: check the jobs submitted since), cut it there: "
-                f"truncate -s {pos} {self.journal_path}; or restore {self.directory} from a backup")
+                f"from what is intact (the changes from byte {pos} on are lost: check the jobs submitted since), cut it "
+                f"there: truncate -s {pos} {self.journal_path}; or restore {self.directory} from a backup")
 
     # ------------------------------------------------------------------ apply
     def apply(self, command: dict) -> dict:
