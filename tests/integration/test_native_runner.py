@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mtgpu.agent import procs
 from mtgpu.agent.local import LocalAgent
 from mtgpu.agent.runners.base import ExitInfo, Launch, Runner
 from mtgpu.agent.runners.native import NativeRunner, marked_pids
@@ -286,17 +287,27 @@ def test_reattach_without_the_persisted_state_still_finds_and_stops_the_job(runn
     del first._runs[1]
 
 
-def killed_with_its_shim(runners, tenant) -> dict:
-    """A job whose shim and process were SIGKILLed while the server was down: its state."""
-    first = runners.new()
-    first.start(make_launch(runners, tenant, "exec sleep 300\n"))
-    state = wait_for("the job to exec sleep",
-                     lambda: (s := first.get_state(1)).get("job_pid") and cmdline(s["job_pid"]) == b"sleep\x00300\x00" and s)
-    for pid in (state["shim_pid"], state["job_pid"]):
-        os.kill(pid, signal.SIGKILL)
+def kill_shim_and_keeper(first: NativeRunner) -> dict:
+    """SIGKILL a running job's shim, then its keeper (started.json's pid, the job's parent),
+    as with the server down; returns the run's state."""
+    state = first.get_state(1)
+    os.kill(state["shim_pid"], signal.SIGKILL)
     first._runs[1].shim.wait(timeout=5)
-    wait_for("the job's process to die", lambda: not marked_pids(1, state["run_token"]))
+    os.kill(state["job_pid"], signal.SIGKILL)
+    wait_for("the keeper to die", lambda: not procs.alive(state["job_pid"]))
     del first._runs[1]
+    return state
+
+
+def killed_with_its_shim(runners, tenant) -> dict:
+    """A job whose shim, keeper and process were SIGKILLed while the server was down: its state."""
+    first = runners.new()
+    state = first.start(make_launch(runners, tenant, "exec sleep 300\n"))
+    wait_for("the job to exec sleep", lambda: b"sleep\x00300\x00" in {cmdline(p) for p in marked_pids(1, state["run_token"])})
+    state = kill_shim_and_keeper(first)
+    for pid in marked_pids(1, state["run_token"]):
+        os.kill(pid, signal.SIGKILL)
+    wait_for("the job's process to die", lambda: not marked_pids(1, state["run_token"]))
     return state
 
 
@@ -318,10 +329,10 @@ def test_a_job_recorded_in_another_boot_was_killed_by_the_restart(runners, tenan
     assert info is not None and info.lost and not info.unknown and "the machine restarted while it ran" in info.reason
 
 
-def test_a_job_that_outlived_its_killed_shim_is_watched_to_its_end_which_is_unknown(runners, tenant, tmp_path):
+def test_a_job_that_outlived_its_killed_shim_ends_with_its_own_status_recorded_by_its_keeper(runners, tenant):
     flag = Path(tenant.home) / f"flag-{secrets.token_hex(4)}"
     first = runners.new()
-    first.start(make_launch(runners, tenant, f"while [ ! -e {flag} ]; do sleep 0.05; done\nexit 0\n"))
+    first.start(make_launch(runners, tenant, f"while [ ! -e {flag} ]; do sleep 0.05; done\nexit 3\n"))
     state = wait_for("the job to start", lambda: (s := first.get_state(1)).get("job_pid") and s)
     os.kill(state["shim_pid"], signal.SIGKILL)  # the supervisor dies, the job runs on
     first._runs[1].shim.wait(timeout=5)
@@ -330,9 +341,27 @@ def test_a_job_that_outlived_its_killed_shim_is_watched_to_its_end_which_is_unkn
         second = runners.new()  # the server restarted
         assert second.load_state(1, state) == "running-unsupervised"
         assert second.poll(1) is None
-        Path(flag).touch()
+        flag.touch()
         info = wait_exit(second, 1)
-        assert info.unknown and info.exit_code is None and "ran on without it until" in info.reason
+        assert info.natural and (info.exit_code, info.signal) == (3, None), info
+        assert runners.new().load_state(1, state) == "ended"  # and so it reads after another restart
+    finally:
+        flag.unlink(missing_ok=True)
+
+
+def test_a_job_whose_shim_and_keeper_were_killed_is_watched_to_its_end_which_is_unknown(runners, tenant):
+    flag = Path(tenant.home) / f"flag-{secrets.token_hex(4)}"
+    first = runners.new()
+    state = first.start(make_launch(runners, tenant, f"while [ ! -e {flag} ]; do sleep 0.05; done\nexit 0\n"))
+    wait_for("the job to start", lambda: marked_pids(1, state["run_token"]))
+    state = kill_shim_and_keeper(first)  # the job itself runs on
+    try:
+        second = runners.new()
+        assert second.load_state(1, state) == "running-unsupervised"
+        assert second.poll(1) is None
+        flag.touch()
+        info = wait_exit(second, 1)
+        assert info.unknown and info.exit_code is None and "ran on without it until" in info.reason, info
     finally:
         flag.unlink(missing_ok=True)
 
@@ -354,7 +383,7 @@ def test_a_job_that_outlived_its_killed_shim_can_be_fenced_by_the_server_and_end
     info = second.poll(1)
     assert info.fenced and not info.natural and info.reason == "fenced: the lease lapsed" and not second.unsupervised(1)
     third = runners.new()  # and so it reads after another restart
-    assert third.load_state(1, state) == "lost" and third.poll(1).fenced
+    assert third.load_state(1, state) in ("lost", "ended") and third.poll(1).fenced  # its keeper may have seen it end
     del second._runs[1]
 
 

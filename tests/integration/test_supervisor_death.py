@@ -1,6 +1,7 @@
-"""A job whose supervisor (its shim) is killed with the server (issue 23): it is never run
-a second time when it may have run to its end, and its record says what is known; a job
-killed by a restart of its machine is requeued when it may be (requeue=, JOB_REQUEUE).
+"""A job whose supervisor (its shim) is killed with the server (issue 23): its keeper still
+records its own end; with the keeper killed too, it is never run a second time, since it
+may have run to its end, and its record says what is known; a job killed by a restart of
+its machine is requeued when it may be (requeue=, JOB_REQUEUE).
 
 The machine's restart is simulated as the runner sees one: the job's processes are
 gone, and its start was recorded in another boot (started.json's boot id)."""
@@ -12,7 +13,8 @@ import json
 import pytest
 
 from tests.support.node import running_node, wait_for
-from tests.support.runs import as_if_started_in_another_boot, kill_server_and_shim, kill_the_job, lines_of, marked_job
+from tests.support.runs import (as_if_started_in_another_boot, kill_server_and_shim, kill_the_job, kill_the_keeper,
+                                lines_of, marked_job)
 from tests.support.users import can_create_users
 
 if can_create_users():
@@ -21,7 +23,7 @@ if can_create_users():
 RTX1 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 1}]
 
 
-def test_a_job_that_outlived_its_killed_supervisor_ends_failed_with_its_status_unknown_and_runs_once(alice):
+def test_a_job_that_outlived_its_killed_supervisor_ends_with_its_own_status_and_runs_once(alice):
     with running_node(RTX1) as node:
         script, marker, flag = marked_job(alice)
         jid = node.submit_json(alice, script=script)["job_id"]
@@ -29,9 +31,28 @@ def test_a_job_that_outlived_its_killed_supervisor_ends_failed_with_its_status_u
             wait_for("the job to write its marker", lambda: lines_of(marker) == ["run"], timeout_s=30)
             kill_server_and_shim(node, jid)
             node.start()
-            assert "its supervisor (shim) is gone" in node.server_log()
+            assert "its supervisor (shim) is gone: its keeper records its end" in node.server_log()
             assert node.job(jid)["state"] == "running"
-            flag.touch()  # the job ends by itself, unsupervised
+            flag.touch()  # the job ends by itself; its keeper records how
+            job = node.wait_state(jid, {"completed", "failed", "lost", "queued"}, timeout_s=30)
+            assert job["state"] == "completed" and job["exit_code"] == 0, job
+            assert job["history"] == [] and job["attempt"] == 0
+            assert lines_of(marker) == ["run"]  # once
+        finally:
+            flag.touch()
+
+
+def test_a_job_whose_supervisor_and_keeper_were_killed_fails_with_its_status_unknown_and_runs_once(alice):
+    with running_node(RTX1) as node:
+        script, marker, flag = marked_job(alice)
+        jid = node.submit_json(alice, script=script)["job_id"]
+        try:
+            wait_for("the job to write its marker", lambda: lines_of(marker) == ["run"], timeout_s=30)
+            kill_server_and_shim(node, jid)
+            kill_the_keeper(node, jid)  # the job proper runs on: nobody can learn its exit status
+            node.start()
+            assert node.job(jid)["state"] == "running"
+            flag.touch()
             job = node.wait_state(jid, {"completed", "failed", "lost", "queued"}, timeout_s=30)
             assert job["state"] == "failed" and job["exit_code"] is None, job
             assert "its supervisor (the job's shim) was killed in this boot" in job["reason"], job["reason"]

@@ -47,11 +47,20 @@ def kill_server_and_shim(node, jid: int) -> None:
     wait_for("the shim to be gone", lambda: _gone(shim))
 
 
-def kill_the_job(node, jid: int) -> None:
-    """What a restart of the machine does to the job: its processes are gone."""
+def kill_the_keeper(node, jid: int) -> None:
+    """SIGKILL the job's keeper (started.json's pid, root, the parent of the job proper):
+    after the shim, the last one that knew how the job ends."""
     pid = started(node, jid)["pid"]
-    os.killpg(pid, signal.SIGKILL)
-    wait_for("the job's processes to be gone", lambda: _gone(pid))
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the keeper to be gone", lambda: _gone(pid))
+
+
+def kill_the_job(node, jid: int) -> None:
+    """What a restart of the machine does to the job: its processes are gone, its keeper
+    first (so that it records nothing)."""
+    kill_the_keeper(node, jid)
+    pid = started(node, jid)["pid"]
+    os.killpg(pid, signal.SIGKILL)  # the keeper led the job's process group
 
 
 def as_if_started_in_another_boot(node, jid: int) -> None:

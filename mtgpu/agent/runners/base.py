@@ -56,8 +56,9 @@ class ExitInfo:
     `fenced`: the job's supervisor killed it because this member lost the cluster;
     `stopped`: the agent stopped it; `lost`: the machine restarted, which killed its
     processes (none of these is an end of the job's own: it was interrupted);
-    `unknown`: its supervisor died in this boot and its processes ended with no exit
-    record: the job may well have run to its end, and how it ended is not known."""
+    `unknown`: its supervisor and the job's keeper (shim.py) died in this boot and its
+    processes ended with no record: the job may well have run to its end, and how it
+    ended is not known."""
 
     exit_code: int | None
     signal: int | None
@@ -84,9 +85,10 @@ class LocalRun:
 
 
 # What load_state found of a run after a restart. UNSUPERVISED: its processes run, its
-# supervisor (shim) is gone, so its exit status cannot be collected; LOST: its processes
-# are gone with no exit record (poll says whether a reboot killed them or how they ended
-# is unknown).
+# supervisor (shim) is gone (the job's keeper still records its end, and nothing fences
+# it but the server); ENDED: its end was recorded (by the shim, or by the keeper); LOST:
+# its processes are gone with no record (poll says whether a reboot killed them or how
+# they ended is unknown).
 RUNNING, ENDED, NEVER_STARTED, LOST = "running", "ended", "never-started", "lost"
 UNSUPERVISED = "running-unsupervised"
 

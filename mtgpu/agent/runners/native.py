@@ -280,8 +280,9 @@ class NativeRunner:
         except KeyError:
             raise KeyError(f"job {job_id} is not known to this runner: start() or load_state() it first") from None
 
-    def _exit_record(self, run: _Run) -> ExitInfo | None:
-        rec = _read_json(run.job_dir / "exit.json")
+    def _exit_record(self, run: _Run, name: str = "exit.json") -> ExitInfo | None:
+        """The shim's exit record, or (name="ended.json") the job's keeper's (shim.py)."""
+        rec = _read_json(run.job_dir / name)
         if rec is None:
             return None
         code, sig, why, fenced = rec.get("exit_code"), rec.get("signal"), rec.get("reason") or "", bool(rec.get("fenced"))
@@ -318,7 +319,7 @@ class NativeRunner:
             info = self._exit_record(run)  # written just before the shim exited
         if info is None:
             child = self._child(run)
-            if _alive(child.get("pid"), child.get("starttime")):
+            if self._runs_on(run, child):
                 if run.unsupervised_since is None:
                     run.unsupervised_since = time.time()
                 return None  # the shim died, the job itself still runs
@@ -328,16 +329,29 @@ class NativeRunner:
         run.exit = info
         return info
 
+    def _runs_on(self, run: _Run, child: dict) -> bool:
+        """Whether the job still runs, its shim gone: its keeper (started.json's pid) lives,
+        or, were the keeper killed too, processes of the job do (a scan of /proc: only for
+        such a run)."""
+        if _alive(child.get("pid"), child.get("starttime")):
+            return True
+        return bool(child) and not (run.job_dir / "ended.json").exists() and bool(self._tree(run))
+
     def _no_exit_record(self, run: _Run, child: dict) -> ExitInfo:
         """How a run ended whose shim left no exit record, told from what is known: the
-        agent stopped it; the shim died before the job's first instruction (no
-        started.json); the machine restarted since it started (another boot id: the reboot
-        killed it, an interruption); or, in the same boot, its shim was killed and its
-        processes are gone: they may have run to their end, their exit status is unknown."""
+        server fenced it; the job's keeper recorded its end (the shim was killed, the job
+        ran on); the agent stopped it; the shim died before the job's first instruction
+        (no started.json); the machine restarted since it started (another boot id: the
+        reboot killed it, an interruption); or, in the same boot, its shim and its keeper
+        were killed and its processes are gone: they may have run to their end, their exit
+        status is unknown."""
         try:  # fenced by the server, its shim gone (fence())
             return ExitInfo(None, signal.SIGKILL, (run.job_dir / "fenced").read_text(), fenced=True)
         except OSError:
             pass
+        kept = self._exit_record(run, "ended.json")
+        if kept is not None:  # the job's keeper saw it end: its own end, told as usual
+            return kept
         if run.stopped:
             return ExitInfo(None, None, "stopped; the runner shim was killed before it recorded the exit", stopped=True)
         if not child:
@@ -390,10 +404,10 @@ class NativeRunner:
         if not child:
             # No started.json and no shim: the job never got past the shim's go (shim.py).
             return NEVER_STARTED
-        if _alive(child.get("pid"), child.get("starttime")):
+        if self._runs_on(run, child):
             run.unsupervised_since = time.time()
             return UNSUPERVISED
-        return LOST
+        return ENDED if (job_dir / "ended.json").exists() else LOST
 
     def enforced(self, job_id: int) -> dict:
         return dict(self._run(job_id).state.get("enforced", {}))

@@ -339,8 +339,8 @@ class ContainerRunner(NativeRunner):
             os.close(fd)
 
     # ------------------------------------------------------------ ends
-    def _exit_record(self, run) -> ExitInfo | None:
-        info = super()._exit_record(run)
+    def _exit_record(self, run, name: str = "exit.json") -> ExitInfo | None:
+        info = super()._exit_record(run, name)
         c = run.state.get("container")
         if info is None or c is None or info.exit_code not in PODMAN_EXITS or info.stopped or info.fenced:
             return info

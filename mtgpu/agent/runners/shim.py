@@ -5,11 +5,17 @@ of its own, so that it outlives the server. Standard library only and no imports
 ours: it must start fast and must not depend on the server's environment.
 
 JOB_DIR (root-owned, 0700) holds launch.json (written by the runner), `script`
-(0600, owned by the tenant) and, written here: started.json (the job's pid and its
-start time, to detect PID reuse on re-attach, and the machine's boot id) and exit.json
-(written atomically when the job ends). The job's process waits for started.json to be on disk before it runs
+(0600, owned by the tenant) and, written here: started.json (the pid of the job's
+process and its start time, to detect PID reuse on re-attach, and the machine's boot
+id), ended.json (written by the job's keeper) and exit.json (written atomically when the
+job ends). The job's process waits for started.json to be on disk before it runs
 anything of the job, so a run without started.json never ran a single instruction of
 the job: after a crash, such a run can be started again without running twice.
+
+The job's process (the pid in started.json) is its keeper (_keep): still root, it forks
+the job proper, which drops to the tenant and execs, waits for it, records its end in
+ended.json and ends the same way. Should the shim be killed (with the server, say), the
+job is the keeper's child still, so its exit status is not lost (issue 23).
 
 The shim ignores SIGHUP and forwards SIGTERM/SIGINT to the job's process group. It
 stays *outside* the job's cgroups: the job process joins them itself between fork and
@@ -106,8 +112,9 @@ def _open_log(path, uid, gid):
     return fd
 
 
-def _child(spec, log_fd, script_fd, err_w, go_r):
-    """In the forked child: wait for the shim's go, confine, drop to the tenant, exec.
+def _child(spec, log_fd, script_fd, err_w, go_r, job_dir):
+    """In the forked child: wait for the shim's go, confine, fork the job's keeper off
+    (_keep: this process), and in the job's own process drop to the tenant and exec.
     Never returns."""
     step = "start"
     try:
@@ -128,6 +135,13 @@ def _child(spec, log_fd, script_fd, err_w, go_r):
                 os.write(fd, me)
             finally:
                 os.close(fd)
+        step = "start the job's keeper"
+        job = os.fork()
+        if job:
+            os.close(err_w)  # the job's own copy says whether it ran
+            os.close(log_fd)
+            os.close(script_fd)
+            _keep(job, job_dir)  # never returns
         step = "set up stdin/stdout/stderr"
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
@@ -240,17 +254,57 @@ def _copy_output(pid, sources):
                 status = os.waitpid(pid, 0)[1]
             except OSError:
                 os._exit(127)
+    _end_as(status)
+
+
+def _end_as(status):
+    """End this process as the wait status `status` says: the same exit code, or killed by
+    the same signal (no core file). Never returns."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         try:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-            os.kill(os.getpid(), sig)
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):  # their handlers cannot be set
+                signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
         except (OSError, ValueError):
+            pass
+        try:
+            os.kill(os.getpid(), sig)
+        except OSError:
             pass
         os._exit(128 + sig)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _keep(pid, job_dir):
+    """The job's keeper: root, in the job's session and cgroups, the parent of the job's
+    process. It waits for the job, records how it ended in ended.json, then ends the same
+    way, so the shim records the job's own end as before. Should the shim be killed, the
+    job is still this process's child: its end is still known (the runner reads
+    ended.json). It ignores the signals that stop a job (they reach the job through its
+    process group) and is the last choice of the OOM killer. Never returns."""
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("-1000")
+        except OSError:
+            pass
+        status = os.waitpid(pid, 0)[1]
+        rec = {"exit_code": None, "signal": None, "ended_at": time.time()}
+        if os.WIFSIGNALED(status):
+            rec["signal"] = os.WTERMSIG(status)
+        else:
+            rec["exit_code"] = os.waitstatus_to_exitcode(status)
+        try:
+            _write_json_atomic(os.path.join(job_dir, "ended.json"), rec)
+        except OSError:
+            pass
+        _end_as(status)
+    finally:
+        os._exit(127)
 
 
 def _lease_age(path):
@@ -378,7 +432,7 @@ def main(job_dir):
     if pid == 0:
         os.close(err_r)
         os.close(go_w)
-        _child(spec, log_fd, script_fd, err_w, go_r)
+        _child(spec, log_fd, script_fd, err_w, go_r, job_dir)
     _child_pid = pid
     signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a SIGTERM that came meanwhile is forwarded now
     os.close(go_r)

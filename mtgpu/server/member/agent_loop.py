@@ -75,9 +75,9 @@ class AgentLoop:
             if r.outcome == RUNNING:
                 log.info("job %d (attempt %d) re-attached after restart: it still runs", r.job_id, r.attempt)
             elif r.outcome == UNSUPERVISED:
-                log.warning("job %d (attempt %d) re-attached after restart: its processes still run, but its "
-                            "supervisor (shim) is gone, so their exit status cannot be collected: when they end, the "
-                            "job fails with its exit status unknown (it is not run again)", r.job_id, r.attempt)
+                log.warning("job %d (attempt %d) re-attached after restart: it still runs, but its supervisor (shim) "
+                            "is gone: its keeper records its end; this server fences it if the lease lapses",
+                            r.job_id, r.attempt)
             elif r.outcome == ENDED:
                 log.info("job %d (attempt %d) ended while the server was down; its end is reported", r.job_id,
                          r.attempt)
