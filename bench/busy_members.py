@@ -8,6 +8,10 @@ on each member (`server=`) that keeps 2 x nproc busy loops (no fork in the loop)
 --minutes, then ends. On a machine with one member per node that is "every CPU twice
 over" on every member; here the members share the machine, so it is 3 x that.
 
+The members' own Python work beside it: --queued N jobs held behind the burners (`after=`,
+so every list of jobs carries them) and --readers K clients per member listing every job
+back to back on its Unix socket, which keep each member's API and interpreter lock busy.
+
 Printed, per member and in total:
 - `marked_down`: times the member was marked down (the scheduler's log lines, and what
   the nodes answer showed in the once-a-second samples);
@@ -21,7 +25,7 @@ Printed, per member and in total:
 Target: 0 marked down, 0 requeued, every gap well under --down-after. Everything is
 removed at the end (servers by pid, the tenant, the jobs' cgroups), also on Ctrl-C.
 
-    python bench/busy_members.py [--minutes 10] [--down-after 3] [--json]     (as root)
+    python bench/busy_members.py [--minutes 10] [--down-after 3] [--queued 0] [--readers 0] [--json]  (as root)
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,7 +59,21 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def run(minutes: float, down_after_s: float, members: int) -> dict:
+def read_jobs_back_to_back(socket_path: str, stop: threading.Event, counts: list[int]) -> None:
+    """One client listing every job of the cluster, again and again, until `stop`."""
+    from mtgpu.client.local import LocalClient
+
+    while not stop.is_set():
+        try:
+            with LocalClient(socket_path, timeout_s=30) as c:
+                c.jobs(all_tenants=True)
+            counts[0] += 1
+        except Exception:  # noqa: BLE001 - a slow or refused read is load all the same; counted
+            counts[1] += 1
+            stop.wait(0.5)
+
+
+def run(minutes: float, down_after_s: float, members: int, queued: int = 0, readers: int = 0) -> dict:
     from mtgpu.client.local import LocalClient
     from tests.support.cluster import member_name, running_cluster
     from tests.support.node import wait_for
@@ -68,6 +87,18 @@ def run(minutes: float, down_after_s: float, members: int) -> dict:
         ids = {n: sched.submit_json(user, script=burner_script(n, burners, seconds))["job_id"] for n in names}
         wait_for("a burning job running on every member",
                  lambda: all(sched.job(j)["state"] == "running" for j in ids.values()), timeout_s=120)
+        if queued:
+            from bench.chaos import submit_as
+
+            held = "#!/bin/bash\n#MTGPU after=afterany:" + ":".join(str(j) for j in ids.values()) + "\ntrue\n"
+            for start in range(0, queued, 500):
+                submit_as(user, str(sched.socket_path), held, f"0-{min(500, queued - start) - 1}")
+        stop_readers = threading.Event()
+        reads = [0, 0]  # answered, failed
+        threads = [threading.Thread(target=read_jobs_back_to_back, args=(str(m.socket_path), stop_readers, reads),
+                                    daemon=True) for m in cl.members for _ in range(readers)]
+        for t in threads:
+            t.start()
         t0 = time.monotonic()
         seen_down = {n: 0 for n in names}
         was_down = {n: False for n in names}
@@ -103,6 +134,9 @@ def run(minutes: float, down_after_s: float, members: int) -> dict:
             if all(j["state"] in FINAL or j["attempt"] > 0 for j in jobs.values()):
                 break
         elapsed = time.monotonic() - t0
+        stop_readers.set()
+        for t in threads:
+            t.join(timeout=60)
         sched = cl.scheduler()
         with LocalClient(str(sched.socket_path), timeout_s=30) as c:
             final_gaps = {n["name"]: n.get("longest_report_gap_s") for n in c.nodes()}
@@ -125,7 +159,8 @@ def run(minutes: float, down_after_s: float, members: int) -> dict:
             }
         return {
             "minutes": minutes, "members": members, "down_after_s": down_after_s, "cpus": os.cpu_count(),
-            "burners_per_member": burners, "elapsed_s": round(elapsed, 1),
+            "burners_per_member": burners, "elapsed_s": round(elapsed, 1), "queued": queued,
+            "readers_per_member": readers, "reads": reads[0], "reads_failed": reads[1],
             "marked_down": sum(p["marked_down"] for p in per_member.values()),
             "requeued": sum(p["requeued"] for p in per_member.values()),
             "longest_report_gap_s": max(p["longest_report_gap_s"] for p in per_member.values()),
@@ -140,13 +175,16 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=10.0, help="how long the jobs burn")
     ap.add_argument("--down-after", type=float, default=3.0, help="MEMBER_DOWN_AFTER_S (at least 3)")
     ap.add_argument("--members", type=int, default=3)
+    ap.add_argument("--queued", type=int, default=0, metavar="N", help="jobs held queued behind the burners")
+    ap.add_argument("--readers", type=int, default=0, metavar="K", help="clients per member listing every job")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.minutes <= 0 or args.down_after < 3 or args.members < 1:
-        ap.error(f"--minutes must be above 0, --down-after at least 3 and --members at least 1, not "
-                 f"{args.minutes}, {args.down_after} and {args.members}")
+    if args.minutes <= 0 or args.down_after < 3 or args.members < 1 or args.queued < 0 or args.readers < 0:
+        ap.error(f"--minutes must be above 0, --down-after at least 3, --members at least 1, --queued and "
+                 f"--readers at least 0, not {args.minutes}, {args.down_after}, {args.members}, {args.queued} and "
+                 f"{args.readers}")
     r = run_as_root("busy_members.py", "real servers and a real tenant", run, args.minutes, args.down_after,
-                    args.members, why_not=_why_not)
+                    args.members, args.queued, args.readers, why_not=_why_not)
     if isinstance(r, int):
         return r
     if args.json:
@@ -155,6 +193,9 @@ def main() -> int:
     print(f"{r['members']} members, {r['burners_per_member']} busy loops each on {r['cpus']} CPUs for "
           f"{r['minutes']:g} min (MEMBER_DOWN_AFTER_S {r['down_after_s']:g}), load average "
           f"{'-'.join(str(x) for x in r['load_average'])}")
+    if r["queued"] or r["readers_per_member"]:
+        print(f"  beside it: {r['queued']} jobs held queued, {r['readers_per_member']} readers per member listing "
+              f"every job ({r['reads']} lists, {r['reads_failed']} failed)")
     for name, p in r["per_member"].items():
         print(f"  {name}: marked down {p['marked_down']}, job requeued {p['requeued']} ({p['job_state']}, "
               f"attempt {p['job_attempt']}), longest gap between reports {p['longest_report_gap_s']:.2f} s")
