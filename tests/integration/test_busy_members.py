@@ -3,7 +3,10 @@ twice over still report in time, so none is marked down and no job is requeued.
 
 The jobs' CPU groups are weighted far below the member's own (agent/runners/cgroups.py,
 docs/ARCHITECTURE.md "A busy member"); MEMBER_DOWN_AFTER_S is small here (3 s, the jobs'
-lease 2 s) so that a member starved for a couple of seconds would show at once.
+lease 2 s) so that a member starved for a couple of seconds would show at once. With the
+weights inverted (the member's group at cpu.shares 2) the first test fails; on the project's
+machine the layout before the weights (the member beside its jobs' group, at an equal
+share) passed it too, at the same gaps (bench/README.md, "busy members").
 """
 
 from __future__ import annotations
