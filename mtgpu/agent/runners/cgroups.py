@@ -452,24 +452,13 @@ class CgroupManager:
             return f"{path}: {e.strerror or e}"
         return None
 
-    def services_weight(self) -> int | None:
-        """The services group's CPU weight as written (cpu.shares or cpu.weight); None without one."""
-        for ctrl, name in (("unified", "cpu.weight"), ("cpu", "cpu.shares")):
-            if ctrl in self.services:
-                try:
-                    return int(_read(self.services[ctrl] / name))
-                except (OSError, ValueError):
-                    return None
-        return None
-
     def release(self) -> None:
-        """When the member stops: it goes back to the groups it started in, and its services
-        group and jobs' parent go if nothing is left in them (a job that runs on through a
-        restart keeps its shim in the one and its group in the other, a tenant sshd left
-        running keeps the sessions group; rmdir refuses a
-        non-empty group, and the next start takes them over). On v2, a group with
-        controllers enabled takes no process back: the member then stays in its services
-        group until it exits, and the service manager removes its own group."""
+        """When the member stops: it goes back to the groups it started in, and its services,
+        sessions and jobs' parent groups go if nothing is left in them (rmdir refuses a
+        non-empty group: a job that runs on through a restart keeps its shim in the one and
+        its group in the other, a tenant sshd left running keeps the sessions group, and the
+        next start takes them over). On v2 a group with controllers enabled takes no process
+        back: the member then stays in its services group until it exits."""
         if self._held is not None:
             for ctrl, own in self._own_dirs.items():
                 try:
