@@ -11,6 +11,8 @@ over" on every member; here the members share the machine, so it is 3 x that.
 The members' own Python work beside it: --queued N jobs held behind the burners (`after=`,
 so every list of jobs carries them) and --readers K clients per member listing every job
 back to back on its Unix socket, which keep each member's API and interpreter lock busy.
+--load N adds N spinning processes outside the cluster (bench/hog.py), as other work on
+the machine would.
 
 Printed, per member and in total:
 - `marked_down`: times the member was marked down (the scheduler's log lines, and what
@@ -25,7 +27,7 @@ Printed, per member and in total:
 Target: 0 marked down, 0 requeued, every gap well under --down-after. Everything is
 removed at the end (servers by pid, the tenant, the jobs' cgroups), also on Ctrl-C.
 
-    python bench/busy_members.py [--minutes 10] [--down-after 3] [--queued 0] [--readers 0] [--json]  (as root)
+    python bench/busy_members.py [--minutes 10] [--down-after 3] [--queued 0] [--readers 0] [--load 0] [--json]  (as root)
 """
 
 from __future__ import annotations
@@ -73,7 +75,19 @@ def read_jobs_back_to_back(socket_path: str, stop: threading.Event, counts: list
             stop.wait(0.5)
 
 
-def run(minutes: float, down_after_s: float, members: int, queued: int = 0, readers: int = 0) -> dict:
+def run(minutes: float, down_after_s: float, members: int, queued: int = 0, readers: int = 0, load: int = 0) -> dict:
+    """The run, beside a CPU hog of `load` processes (none for 0)."""
+    from bench.hog import CpuHog
+
+    with CpuHog(load, minutes * 60 + 900) as hog:
+        result = burn(minutes, down_after_s, members, queued, readers)
+    result["load"] = load
+    if load:
+        result["load_average"] = [round(x, 1) for x in hog.load_range() or ()] or result["load_average"]
+    return result
+
+
+def burn(minutes: float, down_after_s: float, members: int, queued: int, readers: int) -> dict:
     from mtgpu.client.local import LocalClient
     from tests.support.cluster import member_name, running_cluster
     from tests.support.node import wait_for
@@ -142,12 +156,15 @@ def run(minutes: float, down_after_s: float, members: int, queued: int = 0, read
             final_gaps = {n["name"]: n.get("longest_report_gap_s") for n in c.nodes()}
             jobs = {n: c.job(j) for n, j in ids.items()}
         log_downs = {n: 0 for n in names}
+        stalls: list[str] = []  # the scheduler's own stalls (scheduler_role.py), as logged
         for m in cl.members:
             for path in m.log_files:
                 for line in path.read_text(errors="replace").splitlines():
                     if "member " in line and " is down: " in line:
                         who = line.split("member ", 1)[1].split(" ", 1)[0]
                         log_downs[who] = log_downs.get(who, 0) + 1
+                    elif " did not check its members for " in line:
+                        stalls.append(line.split(": ", 1)[-1])
         per_member = {}
         for n in names:
             job = jobs[n]
@@ -155,6 +172,7 @@ def run(minutes: float, down_after_s: float, members: int, queued: int = 0, read
                 "marked_down": max(log_downs.get(n, 0), seen_down.get(n, 0)),
                 "requeued": int(job["attempt"] > 0 or bool(job["history"]) or job["state"] != "completed"),
                 "job_state": job["state"], "job_attempt": job["attempt"],
+                "requeue_reasons": [h.get("outcome", "") for h in job["history"]],
                 "longest_report_gap_s": round(max(final_gaps.get(n) or 0.0, gap_seen.get(n, 0.0)), 2),
             }
         return {
@@ -164,7 +182,7 @@ def run(minutes: float, down_after_s: float, members: int, queued: int = 0, read
             "marked_down": sum(p["marked_down"] for p in per_member.values()),
             "requeued": sum(p["requeued"] for p in per_member.values()),
             "longest_report_gap_s": max(p["longest_report_gap_s"] for p in per_member.values()),
-            "schedulers": schedulers, "samples_unanswered": unanswered,
+            "schedulers": schedulers, "samples_unanswered": unanswered, "scheduler_stalls": stalls[:20],
             "load_average": [round(min(loads), 1), round(max(loads), 1)] if loads else [],
             "per_member": per_member,
         }
@@ -177,14 +195,15 @@ def main() -> int:
     ap.add_argument("--members", type=int, default=3)
     ap.add_argument("--queued", type=int, default=0, metavar="N", help="jobs held queued behind the burners")
     ap.add_argument("--readers", type=int, default=0, metavar="K", help="clients per member listing every job")
+    ap.add_argument("--load", type=int, default=0, metavar="N", help="CPU-spinning processes beside it (bench/hog.py)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.minutes <= 0 or args.down_after < 3 or args.members < 1 or args.queued < 0 or args.readers < 0:
-        ap.error(f"--minutes must be above 0, --down-after at least 3, --members at least 1, --queued and "
-                 f"--readers at least 0, not {args.minutes}, {args.down_after}, {args.members}, {args.queued} and "
-                 f"{args.readers}")
+    if args.minutes <= 0 or args.down_after < 3 or args.members < 1 or min(args.queued, args.readers, args.load) < 0:
+        ap.error(f"--minutes must be above 0, --down-after at least 3, --members at least 1, --queued, --readers "
+                 f"and --load at least 0, not {args.minutes}, {args.down_after}, {args.members}, {args.queued}, "
+                 f"{args.readers} and {args.load}")
     r = run_as_root("busy_members.py", "real servers and a real tenant", run, args.minutes, args.down_after,
-                    args.members, args.queued, args.readers, why_not=_why_not)
+                    args.members, args.queued, args.readers, args.load, why_not=_why_not)
     if isinstance(r, int):
         return r
     if args.json:
@@ -193,12 +212,19 @@ def main() -> int:
     print(f"{r['members']} members, {r['burners_per_member']} busy loops each on {r['cpus']} CPUs for "
           f"{r['minutes']:g} min (MEMBER_DOWN_AFTER_S {r['down_after_s']:g}), load average "
           f"{'-'.join(str(x) for x in r['load_average'])}")
+    if r["load"]:
+        print(f"  beside it: {r['load']} CPU-spinning processes outside the cluster")
     if r["queued"] or r["readers_per_member"]:
         print(f"  beside it: {r['queued']} jobs held queued, {r['readers_per_member']} readers per member listing "
               f"every job ({r['reads']} lists, {r['reads_failed']} failed)")
     for name, p in r["per_member"].items():
         print(f"  {name}: marked down {p['marked_down']}, job requeued {p['requeued']} ({p['job_state']}, "
               f"attempt {p['job_attempt']}), longest gap between reports {p['longest_report_gap_s']:.2f} s")
+    for name, p in r["per_member"].items():
+        for why in p["requeue_reasons"]:
+            print(f"  {name}'s job: {why}")
+    for line in r["scheduler_stalls"]:
+        print(f"  scheduler: {line}")
     print(f"marked down: {r['marked_down']}  requeued: {r['requeued']}  longest gap: {r['longest_report_gap_s']:.2f} s  "
           f"schedulers: {', '.join(r['schedulers'])}  samples unanswered: {r['samples_unanswered']}")
     return 0
