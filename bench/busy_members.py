@@ -44,17 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import run_as_root  # noqa: E402 (after the path is set)
+from tests.support.runs import burner_script  # noqa: E402
 
 FINAL = ("completed", "failed", "cancelled", "lost")
-
-
-def burner_script(node: str, burners: int, seconds: int) -> str:
-    return ("#!/bin/bash\n"
-            f"#MTGPU server={node} name=burn-{node}\n"
-            f"for i in $(seq {burners}); do\n"
-            f"  ( SECONDS=0; while (( SECONDS < {seconds} )); do :; done ) &\n"
-            "done\n"
-            "wait\n")
 
 
 def load_average() -> float:

@@ -24,6 +24,7 @@ import pytest
 from mtgpu.agent.runners.cgroups import SERVICES_CPU_WEIGHT, CgroupManager
 from tests.support.cluster import member_name, running_cluster
 from tests.support.node import free_port, running_node, wait_for
+from tests.support.runs import burner_script
 from tests.support.users import can_create_users, remove_tenant_accounts
 
 if can_create_users():
@@ -32,16 +33,6 @@ if can_create_users():
 BURN_S = 75
 DOWN_AFTER_S = 3.0
 UID_RANGE = (430000, 439999)  # apart from other tests' tenants
-
-
-def burner_script(node: str, burners: int, seconds: int) -> str:
-    """A job on `node` that keeps `burners` busy loops (no fork inside the loop) for `seconds`."""
-    return ("#!/bin/bash\n"
-            f"#MTGPU server={node} name=burn-{node}\n"
-            f"for i in $(seq {burners}); do\n"
-            f"  ( SECONDS=0; while (( SECONDS < {seconds} )); do :; done ) &\n"
-            "done\n"
-            "wait\n")
 
 
 def ended_or_requeued(node, job_id: int) -> dict | None:

@@ -22,6 +22,16 @@ def marked_job(user, *directives: str, shell: str = "/bin/bash") -> tuple[str, P
     return f"#!{shell}\n{lines}echo run >> {marker}\nwhile [ ! -e {flag} ]; do sleep 0.1; done\n", marker, flag
 
 
+def burner_script(node: str, burners: int, seconds: int) -> str:
+    """A job on `node` that keeps `burners` busy loops (no fork inside the loop) for `seconds`."""
+    return ("#!/bin/bash\n"
+            f"#MTGPU server={node} name=burn-{node}\n"
+            f"for i in $(seq {burners}); do\n"
+            f"  ( SECONDS=0; while (( SECONDS < {seconds} )); do :; done ) &\n"
+            "done\n"
+            "wait\n")
+
+
 def lines_of(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 

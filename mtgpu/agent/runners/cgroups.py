@@ -406,14 +406,7 @@ class CgroupManager:
         if not self.bases:
             return "no writable cgroup hierarchy"
         problems = []
-        for ctrl, base in self.bases.items():
-            group = base.with_name(self.parent + SERVICES_SUFFIX)
-            try:
-                group.mkdir(exist_ok=True)
-                _write(group / "cgroup.procs", str(pid))
-            except OSError as e:
-                problems.append(f"{group}: {e.strerror or e}")
-                continue
+        for ctrl, group in self._join_sibling(SERVICES_SUFFIX, pid, problems).items():
             self.services[ctrl] = group
         self._held = pid if self.services else self._held
         weight = self._weigh_services()
@@ -426,15 +419,24 @@ class CgroupManager:
         of the services group into `<own>/<parent>-sessions`, at the default weight, the
         jobs' parent's: tenants' interactive work gets no more than their jobs, and never
         the member's share. None when done, else why not."""
-        problems = []
+        problems: list[str] = []
+        self._join_sibling(SESSIONS_SUFFIX, pid, problems)
+        return "; ".join(problems) or None
+
+    def _join_sibling(self, suffix: str, pid: int, problems: list[str]) -> dict[str, Path]:
+        """Move `pid` into `<own>/<parent><suffix>` of every hierarchy (made if missing): the
+        groups it joined, by controller; each failure is added to `problems`."""
+        joined = {}
         for ctrl, base in self.bases.items():
-            group = base.with_name(self.parent + SESSIONS_SUFFIX)
+            group = base.with_name(self.parent + suffix)
             try:
                 group.mkdir(exist_ok=True)
                 _write(group / "cgroup.procs", str(pid))
             except OSError as e:
                 problems.append(f"{group}: {e.strerror or e}")
-        return "; ".join(problems) or None
+                continue
+            joined[ctrl] = group
+        return joined
 
     def _weigh_services(self) -> str | None:
         """Write the services group's CPU weight; why not, or None."""
