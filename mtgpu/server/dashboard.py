@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from .api.encoding import in_turn, list_response
 from .api.identity import Caller
 from .api.service import MemberService, ServiceError
 from .api.tenants import TenantService
@@ -183,8 +184,8 @@ def add_page_routes(app: FastAPI, service: MemberService, tenants: TenantService
     async def dashboard_jobs(request: Request, active: bool = False) -> Response:
         """As `GET /v1/jobs?all=true&active=...`: everyone's jobs for an admin, the caller's own for a tenant."""
         who = viewer(request).caller
-        return answer(await run_in_threadpool(service.list_jobs, who, all_tenants=who.is_admin,
-                                              include_final=not active))
+        return await in_turn(lambda: list_response(
+            service.list_jobs(who, all_tenants=who.is_admin, include_final=not active), stdlib=True, headers=NO_STORE))
 
     @app.get(f"{API_PATH}/workspaces")
     async def dashboard_workspaces(request: Request) -> Response:

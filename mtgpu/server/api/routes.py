@@ -29,6 +29,7 @@ from .. import dashboard as web_dashboard
 from .. import metrics as node_metrics
 from ...model.api import STALE_HEADER
 from . import logs
+from .encoding import in_turn, list_response
 from .identity import Caller, caller_from_peer
 from .logs import LogResponse
 from .report_protocol import REPORT_PATH, take_report
@@ -216,8 +217,10 @@ def add_job_routes(app: FastAPI, service: MemberService, identify) -> None:
 
     @app.get("/v1/jobs")
     async def list_jobs(request: Request, all: bool = False, active: bool = False) -> list[dict]:
+        """The jobs, built one list at a time and encoded in chunks off the event loop (encoding.py:
+        thousands of them in one call held the interpreter lock from the member's Raft thread)."""
         who = await identify(request)
-        return await run_in_threadpool(service.list_jobs, who, all_tenants=all, include_final=not active)
+        return await in_turn(lambda: list_response(service.list_jobs(who, all_tenants=all, include_final=not active)))
 
     @app.get("/v1/jobs/{job_id}")
     async def show(job_id: int, request: Request) -> dict:
