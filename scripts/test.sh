@@ -25,9 +25,16 @@ if ! [[ "$LOAD" =~ ^[0-9]+$ ]]; then
 fi
 hog_pid=""
 out=""
+printed=0
 cleanup() {
   if [ -n "$hog_pid" ]; then kill "$hog_pid" 2>/dev/null || true; wait "$hog_pid" 2>/dev/null || true; fi
-  if [ -n "$out" ]; then rm -rf "$out"; fi
+  if [ -n "$out" ]; then
+    # stopped before the parts' output was printed (a signal, a time limit): print what they wrote
+    if [ "$printed" = 0 ]; then
+      for f in "$out"/*.log; do [ -e "$f" ] && { echo "---- $(basename "$f") (interrupted) ----"; cat "$f"; }; done
+    fi
+    rm -rf "$out"
+  fi
 }
 trap cleanup EXIT
 if [ "$LOAD" -gt 0 ]; then
@@ -74,6 +81,7 @@ wait "$vscode_pid"
 vscode_rc=$?
 wait "$unit_pid"
 unit_rc=$?
+printed=1
 echo
 echo "---- the cluster integration tests (${CLUSTER_TESTS[*]}), run beside the others ----"
 cat "$out/cluster.log"
