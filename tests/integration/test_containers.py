@@ -18,7 +18,7 @@ import pytest
 from tests.support.images import busybox_image, busybox_rootfs, podman_missing
 from tests.support.cluster import running_cluster
 from tests.support.node import running_node, wait_for
-from tests.support.runs import kill_server_and_shim, lines_of, marked_job
+from tests.support.runs import kill_server_and_shim, lines_of, running_marked_job
 from tests.support.users import can_create_users
 
 if can_create_users() or podman_missing():
@@ -264,10 +264,8 @@ def test_a_server_restart_reattaches_a_running_container_and_removes_one_left_be
 
 def test_a_container_job_that_outlived_its_killed_supervisor_ends_with_its_own_status_and_runs_once(
         cnode, alice, image):
-    script, marker, flag = marked_job(alice, f"container={image}", shell="/bin/sh")
-    jid = cnode.submit_json(alice, script=script + "exit 5\n")["job_id"]
-    try:
-        wait_for("the job to write its marker", lambda: lines_of(marker) == ["run"], timeout_s=60)
+    with running_marked_job(cnode, alice, f"container={image}", shell="/bin/sh", then="exit 5\n",
+                            timeout_s=60) as (jid, marker, flag):
         kill_server_and_shim(cnode, jid)  # podman's client and the container run on, under the job's keeper
         cnode.start()
         assert cnode.job(jid)["state"] == "running"
@@ -275,8 +273,6 @@ def test_a_container_job_that_outlived_its_killed_supervisor_ends_with_its_own_s
         job = cnode.wait_state(jid, {"completed", "failed", "lost", "queued"}, timeout_s=60)
         assert job["state"] == "failed" and job["exit_code"] == 5 and job["history"] == [], job
         assert lines_of(marker) == ["run"]
-    finally:
-        flag.touch()
 
 
 def test_an_archive_that_fails_its_digest_is_never_loaded(cnode, tenant, image):

@@ -4,11 +4,13 @@ like a run the machine's restart killed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import signal
 from pathlib import Path
+from typing import Iterator
 
 from tests.support.node import wait_for
 
@@ -20,6 +22,21 @@ def marked_job(user, *directives: str, shell: str = "/bin/bash") -> tuple[str, P
     marker, flag = Path(user.home) / f"runs-{tag}", Path(user.home) / f"go-{tag}"
     lines = "".join(f"#MTGPU {d}\n" for d in directives)
     return f"#!{shell}\n{lines}echo run >> {marker}\nwhile [ ! -e {flag} ]; do sleep 0.1; done\n", marker, flag
+
+
+@contextlib.contextmanager
+def running_marked_job(node, user, *directives: str, shell: str = "/bin/bash", then: str = "",
+                       timeout_s: float = 30) -> Iterator[tuple[int, Path, Path]]:
+    """A marked_job submitted to `node` (its script followed by `then`), once its marker has
+    its line: its id, marker and flag. The flag is set on the way out, so that the job ends
+    also when the test fails."""
+    script, marker, flag = marked_job(user, *directives, shell=shell)
+    jid = node.submit_json(user, script=script + then)["job_id"]
+    try:
+        wait_for("the job to write its marker", lambda: lines_of(marker) == ["run"], timeout_s=timeout_s)
+        yield jid, marker, flag
+    finally:
+        flag.touch()
 
 
 def burner_script(node: str, burners: int, seconds: int) -> str:
