@@ -329,7 +329,7 @@ def test_the_scheduler_view_carries_each_tenants_share_and_decayed_usage():
     jid = submit(sm, gpus=(GpuAlternative(1.0),))
     assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc()], at=10.0))["ok"]
     assert sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=0, at=110.0))["ok"]
-    usage = build_usage(sm, now=110.0)
+    usage = build_usage(sm.tenants.values(), sm.jobs.values(), now=110.0)
     assert (usage["alice"].gpu_seconds, usage["alice"].share) == (100.0, 1.0)
     assert (usage["bob"].gpu_seconds, usage["bob"].share) == (0.0, 4.0)
 

@@ -21,7 +21,7 @@ from ...state import commands as C
 from ...state.store import ReplicationError, Store, try_commit
 from ..metrics import SchedulerTimings
 from .retention import RETENTION_EVERY_S, apply_retention, retention_report
-from .view import NodeTelemetry, build_queue, build_snapshot, build_usage, hold_dependents
+from .view import NodeTelemetry, build_queue, build_snapshot, build_usage, hold_dependents, pass_inputs
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +170,13 @@ class SchedulerRole:
     def _place(self, now: float) -> bool:
         """One placement pass; False when the queue was empty (nothing was planned)."""
         machine = self.store.machine
-        with self.store.lock:
-            queue, waiting, never = hold_dependents(machine, build_queue(machine))
-            if queue:
-                snapshot = build_snapshot(machine, self.telemetry)
-                if self.monotonic() - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
-                    self._usage, self._usage_at = build_usage(machine, now), self.monotonic()
-                usage = self._usage
+        with self.store.lock:  # held briefly: the Raft thread needs it to apply anything (view.PassInputs)
+            taken = pass_inputs(machine)
+            snapshot = build_snapshot(machine, self.telemetry) if taken.queued else None
+        queue, waiting, never = hold_dependents(taken.jobs, build_queue(taken.queued, taken.running))
+        if queue and self.monotonic() - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
+            self._usage, self._usage_at = build_usage(taken.tenants, taken.jobs.values(), now), self.monotonic()
+        usage = self._usage
         for job_id, why in never.items():  # a dependency that can never be met: as Slurm does, cancel
             try_commit(self.store, C.JOB_CANCEL, job_id=job_id, at=self.clock(), by="the scheduler", reason=why)
         if not queue:
