@@ -25,6 +25,7 @@ from mtgpu.accounts.apply import apply_plan, read_os_accounts, remove_account, r
 from mtgpu.accounts.plan import SUBID_BASE, SUBID_COUNT, TenantSpec, allocate_ids, plan_accounts, subordinate_range
 from mtgpu.accounts.shadow_lock import shadow_lock
 from tests.support.node import free_port, running_node, wait_for
+from tests.support.users import account_db
 
 if sys.platform != "linux" or os.geteuid() != 0:
     pytest.skip("creating accounts needs Linux and root", allow_module_level=True)
@@ -33,7 +34,6 @@ for _tool in ("useradd", "groupadd", "usermod", "userdel", "groupdel"):
         pytest.skip(f"{_tool} is not installed", allow_module_level=True)
 
 RANGE = (270_000, 279_999)
-ETC_FILES = ("passwd", "group", "shadow", "gshadow", "login.defs")
 SUBID_FILES = ("subuid", "subgid")
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice alice@laptop"
 
@@ -42,16 +42,7 @@ class Node:
     """One simulated node: its own account database (ROOT/etc) and its own home root."""
 
     def __init__(self, base: Path, name: str, home_root: Path | None = None):
-        self.root = base / name
-        (self.root / "etc").mkdir(parents=True)
-        for f in ETC_FILES:
-            src = Path("/etc") / f
-            if src.exists():
-                shutil.copy2(src, self.root / "etc" / f)
-            else:
-                (self.root / "etc" / f).touch()
-        for f in SUBID_FILES:
-            (self.root / "etc" / f).touch()
+        self.root = account_db(base / name)
         self.home_root = home_root or base / f"{name}-homes"
 
     def plan(self, tenants, layout="per-node", owner=False, uid_range=RANGE):

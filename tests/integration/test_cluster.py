@@ -13,7 +13,7 @@ import pytest
 from tests.support.cluster import free_port_pair, member_name, running_cluster
 from tests.support.tenant_api import TenantCallError, TenantSession
 from tests.support.node import wait_for
-from tests.support.users import can_create_users
+from tests.support.users import account_db, can_create_users
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
@@ -386,27 +386,13 @@ def test_an_array_spreads_over_members_with_at_most_k_running_and_a_member_can_b
         assert victim not in {n["name"] for n in nodes_json(m0)}
 
 
-def _account_db(root: Path) -> Path:
-    """A separate account database (useradd --prefix ROOT), as a second machine would have.
-    Its subuid and subgid start empty: the machine's hold other nodes' tenants (issue 23.6)."""
-    etc = root / "etc"
-    etc.mkdir(parents=True)
-    for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
-        src = Path("/etc") / name
-        if src.exists():
-            (etc / name).write_bytes(src.read_bytes())
-    for name in ("subuid", "subgid"):
-        (etc / name).write_text("")
-    return root
-
-
 def test_a_tenant_gets_the_same_uid_gid_on_members_with_separate_account_databases(tmp_path):
     import subprocess
     import sys
 
     from tests.support.node import free_port
 
-    roots = [_account_db(tmp_path / f"db{i}") for i in range(2)]
+    roots = [account_db(tmp_path / f"db{i}") for i in range(2)]
     settings = [{"ACCOUNTS_ROOT": str(roots[i]), "TENANT_HOME_ROOT": str(tmp_path / f"homes{i}"),
                  "SSH_LISTEN": f"127.0.0.1:{free_port()}", "TENANT_UID_RANGE": [320000, 329999]} for i in range(2)]
     with running_cluster(2, settings=settings) as cl:

@@ -24,7 +24,7 @@ import pytest
 from mtgpu.client.local import LocalClient
 from mtgpu.setup.environment import missing_packages, package_list
 from tests.support.node import REPO_ROOT, free_port, kill_leftover_runs, wait_for
-from tests.support.users import can_create_users, temp_user
+from tests.support.users import account_db, can_create_users, temp_user
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
@@ -347,13 +347,7 @@ def test_bad_flags_are_refused_naming_the_flag_and_the_fix():
 
 def test_purge_removes_the_tenants_accounts_and_homes_and_nothing_else():
     with machine() as m:
-        accounts = m.root / "accounts"
-        (accounts / "etc").mkdir(parents=True)
-        for name in ("passwd", "group", "shadow", "gshadow", "login.defs"):
-            if Path("/etc", name).exists():
-                shutil.copy2(Path("/etc", name), accounts / "etc" / name)
-        for name in ("subuid", "subgid"):  # empty: the machine's hold other nodes' tenants (issue 23.6)
-            (accounts / "etc" / name).write_text("")
+        accounts = account_db(m.root / "accounts")
         homes = m.root / "home/mtgpu"
         homes.mkdir(parents=True)
         m.state_dir.mkdir(parents=True)

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Iterator
 
 from mtgpu.accounts.apply import SubIdsRefused, add_subordinate_ids, remove_account
@@ -35,6 +36,28 @@ class TempUser:
     uid: int
     gid: int
     home: str
+
+
+ACCOUNT_FILES = ("passwd", "group", "shadow", "gshadow", "login.defs")
+
+
+def account_db(root: Path) -> Path:
+    """A separate account database (useradd --prefix ROOT), as another machine would have:
+    ROOT/etc with copies of the machine's passwd, group, shadow, gshadow and login.defs
+    (modes kept; an empty file where the machine has none), so that the shadow tools never
+    edit the machine's own. Its subuid and subgid start empty: the machine's hold the ranges
+    of other nodes' tenants, which a test must not depend on (issue 23.6). Returns ROOT."""
+    etc = Path(root) / "etc"
+    etc.mkdir(parents=True)
+    for name in ACCOUNT_FILES:
+        src = Path("/etc") / name
+        if src.exists():
+            shutil.copy2(src, etc / name)
+        else:
+            (etc / name).touch()
+    for name in ("subuid", "subgid"):
+        (etc / name).write_text("")
+    return Path(root)
 
 
 def can_create_users() -> str | None:
