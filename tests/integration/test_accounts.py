@@ -10,7 +10,6 @@ tenants' uids, so file modes are what is tested. Every root and home is removed 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -24,6 +23,7 @@ import pytest
 from mtgpu.accounts.apply import apply_plan, read_os_accounts, remove_account, run_tool
 from mtgpu.accounts.plan import SUBID_BASE, SUBID_COUNT, TenantSpec, allocate_ids, plan_accounts, subordinate_range
 from mtgpu.accounts.shadow_lock import shadow_lock
+from tests.support.laptop import join
 from tests.support.node import free_port, running_node, wait_for
 from tests.support.users import account_db
 
@@ -322,13 +322,7 @@ def test_two_running_nodes_on_one_machine_give_their_first_tenants_disjoint_rang
     names = [f"mtsa{os.getpid() % 10000}", f"mtsb{os.getpid() % 10000}"]
     with nodes[0] as n0, nodes[1] as n1:
         for node, name in ((n0, names[0]), (n1, names[1])):
-            r = node.admin("tenant", "invite", name, "--json")
-            assert r.returncode == 0, r.stderr
-            code = json.loads(r.stdout)["code"]
-            r = subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", "join", code, "--server",
-                                f"127.0.0.1:{node.port}", "--json"], capture_output=True, text=True, timeout=60,
-                               env={**os.environ, "REMOTEGPU_HOME": str(base / f"client-{name}")})
-            assert r.returncode == 0, r.stderr
+            join(node, name, base / f"client-{name}")
 
         def both_have_subids():
             accounts = read_os_accounts(machine.root)

@@ -387,9 +387,7 @@ def test_an_array_spreads_over_members_with_at_most_k_running_and_a_member_can_b
 
 
 def test_a_tenant_gets_the_same_uid_gid_on_members_with_separate_account_databases(tmp_path):
-    import subprocess
-    import sys
-
+    from tests.support.laptop import join
     from tests.support.node import free_port
 
     roots = [account_db(tmp_path / f"db{i}") for i in range(2)]
@@ -399,14 +397,7 @@ def test_a_tenant_gets_the_same_uid_gid_on_members_with_separate_account_databas
         m0 = cl.members[0]
         infos = []
         for name in ("tacct1", "tacct2"):
-            r = m0.admin("tenant", "invite", name, "--json")
-            assert r.returncode == 0, r.stderr
-            code = json.loads(r.stdout)["code"]
-            r = subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", "join", code, "--server",
-                                f"127.0.0.1:{m0.port}", "--json"], capture_output=True, text=True, timeout=60,
-                               env={**os.environ, "REMOTEGPU_HOME": str(tmp_path / f"client-{name}")})
-            assert r.returncode == 0, r.stderr
-            infos.append(json.loads(r.stdout))
+            infos.append(join(m0, name, tmp_path / f"client-{name}"))
 
         def entries(root: Path, name: str):
             for line in (root / "etc" / "passwd").read_text().splitlines():

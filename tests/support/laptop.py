@@ -23,12 +23,19 @@ def remotegpu(home: Path, *args: str, **kw) -> subprocess.CompletedProcess:
                           env={**os.environ, "REMOTEGPU_HOME": str(home)}, timeout=60, **kw)
 
 
-def invite_and_join(node: Node, name: str, home: Path) -> pwd.struct_passwd:
+def join(node: Node, name: str, home: Path) -> dict:
     """`mtgpu-admin tenant invite NAME`, `remotegpu-cli join CODE --server` the node (on
-    loopback), then wait for the tenant's account and home on the node."""
+    loopback) from `home`: the join's answer (its --json)."""
     r = node.admin("tenant", "invite", name, "--json")
     assert r.returncode == 0, r.stderr
     r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}", "--json")
     assert r.returncode == 0, r.stderr + node.server_log()[-2000:]
+    return json.loads(r.stdout)
+
+
+def invite_and_join(node: Node, name: str, home: Path) -> pwd.struct_passwd:
+    """join(), then wait for the tenant's account and home on the node (in the machine's
+    account database)."""
+    join(node, name, home)
     return wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(name).pw_dir)
                     and pwd.getpwnam(name), timeout_s=60)
