@@ -3,13 +3,10 @@ kills it once its lease has lapsed, as the shim would have (agent_loop._fence_un
 
 from __future__ import annotations
 
-import threading
 from types import SimpleNamespace
 
-import pytest
-
-from mtgpu.server.member import agent_loop as agent_loop_mod
 from mtgpu.server.member.agent_loop import AgentLoop
+from tests.unit.server.agent_loop_builders import agent_loop, hand_moved_clock
 
 
 class FakeAgent:
@@ -23,31 +20,25 @@ class FakeAgent:
         return [7]
 
 
-@pytest.fixture()
-def mono(monkeypatch):
-    now = [1000.0]
-    monkeypatch.setattr(agent_loop_mod, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    return now
-
-
 def loop_with(tmp_path, lease) -> tuple[AgentLoop, FakeAgent]:
     agent = FakeAgent()
-    store = SimpleNamespace(lock=threading.RLock(), machine=SimpleNamespace(jobs={}))
-    return AgentLoop(store, agent, "m1", "/homes", tmp_path, clock=lambda: 0.0, lease=lease), agent
+    return agent_loop(tmp_path, agent, lease)[0], agent
 
 
-def test_unsupervised_jobs_are_fenced_only_once_the_lease_has_lapsed(tmp_path, mono):
+def test_unsupervised_jobs_are_fenced_only_once_the_lease_has_lapsed(tmp_path, monkeypatch):
+    clock = hand_moved_clock(monkeypatch)
     lease = SimpleNamespace(at=995.0, timeout_s=7.0)
     loop, agent = loop_with(tmp_path, lease)
     assert loop._fence_unsupervised() == [] and agent.fenced == []  # 5 s old: live
-    mono[0] = 1002.0
+    clock[0] = 1002.0
     assert loop._fence_unsupervised() == []  # exactly the timeout: still live
-    mono[0] = 1002.1
+    clock[0] = 1002.1
     assert loop._fence_unsupervised() == [7]
     assert agent.fenced[0].startswith("fenced: ") and "more than 7s" in agent.fenced[0]
 
 
-def test_a_standalone_node_has_no_lease_and_fences_nothing(tmp_path, mono):
+def test_a_standalone_node_has_no_lease_and_fences_nothing(tmp_path, monkeypatch):
+    clock = hand_moved_clock(monkeypatch)
     loop, agent = loop_with(tmp_path, None)
-    mono[0] = 1e9
+    clock[0] = 1e9
     assert loop._fence_unsupervised() == [] and agent.fenced == []

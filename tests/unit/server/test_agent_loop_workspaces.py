@@ -4,30 +4,11 @@ monotonic clock, not on every pass, so that a removal still happens within about
 
 from __future__ import annotations
 
-import threading
 from types import SimpleNamespace
 
-import pytest
-
 from mtgpu.model.job import Job, JobSpec, JobState, WorkspaceSpec
-from mtgpu.server.member import agent_loop as agent_loop_mod
-from mtgpu.server.member.agent_loop import WORKSPACE_SWEEP_EVERY_S, AgentLoop
-from mtgpu.state import commands as C
-
-
-class FakeStore:
-    """The part of a Store the loop uses here: its jobs, its lock, and commits."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.machine = SimpleNamespace(jobs={})
-        self.committed: list[dict] = []
-
-    def apply(self, command: dict) -> dict:
-        self.committed.append(command)
-        if command["cmd"] == C.JOB_ANNOTATE and "ws" in command["args"]:
-            self.machine.jobs[command["args"]["job_id"]].ws.update(command["args"]["ws"])
-        return {"ok": True}
+from mtgpu.server.member.agent_loop import WORKSPACE_SWEEP_EVERY_S
+from tests.unit.server.agent_loop_builders import agent_loop, hand_moved_clock
 
 
 class FakeRunner:
@@ -45,23 +26,10 @@ def workspace_job(job_id: int, state: JobState, node: str = "m1") -> Job:
                ws={"node": node, "removed": False, "container": f"c{job_id}"})
 
 
-@pytest.fixture()
-def clock(monkeypatch):
-    """The loop's monotonic clock, moved by hand (the wall clock is the loop's `clock`)."""
-    now = [1000.0]
-    monkeypatch.setattr(agent_loop_mod, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    return now
-
-
-def loop_with(tmp_path, runner) -> tuple[AgentLoop, FakeStore]:
-    store = FakeStore()
-    agent = SimpleNamespace(runner=runner, containers=None)
-    return AgentLoop(store, agent, "m1", "/homes", tmp_path, clock=lambda: 0.0), store
-
-
-def test_a_removed_workspace_is_removed_once_and_the_jobs_are_scanned_at_most_once_a_second(tmp_path, clock):
+def test_a_removed_workspace_is_removed_once_and_the_jobs_are_scanned_at_most_once_a_second(tmp_path, monkeypatch):
+    clock = hand_moved_clock(monkeypatch)
     runner = FakeRunner()
-    loop, store = loop_with(tmp_path, runner)
+    loop, store = agent_loop(tmp_path, SimpleNamespace(runner=runner, containers=None))
     jobs = store.machine.jobs
     jobs[1] = workspace_job(1, JobState.CANCELLED)
     jobs[2] = workspace_job(2, JobState.RUNNING)  # still running: kept
@@ -92,8 +60,8 @@ def test_a_removed_workspace_is_removed_once_and_the_jobs_are_scanned_at_most_on
     assert len(store.committed) == 3
 
 
-def test_a_runner_without_workspaces_is_never_asked(tmp_path, clock):
-    loop, store = loop_with(tmp_path, SimpleNamespace())
+def test_a_runner_without_workspaces_is_never_asked(tmp_path):
+    loop, store = agent_loop(tmp_path, SimpleNamespace(runner=SimpleNamespace(), containers=None))
     store.machine.jobs[1] = workspace_job(1, JobState.CANCELLED)
     loop.remove_workspaces(set())
     assert store.committed == [] and loop._next_ws_sweep == 0.0
