@@ -353,7 +353,9 @@ def test_a_member_without_the_image_fetches_it_verified_and_gangs_and_arrays_run
             assert f"idx={i}" in log_of(m0, alice, j)
 
 
-def test_with_allow_user_images_a_tenants_own_image_runs_and_a_missing_one_fails_with_podmans_message(tenant, base):
+def test_with_allow_user_images_a_tenants_own_image_runs_and_a_missing_one_is_refused_at_submit(tenant, base):
+    """The tenant's own store on the member taking the request is looked at (as the tenant):
+    an image it does not hold, and the cluster does not offer, is refused before it queues."""
     with running_node(GPUS2, CONTAINERS={"enabled": True, "allow_user_images": True}) as node:
         rootfs = busybox_rootfs(base / "rootfs")
         tar = base / "own.tar"
@@ -364,10 +366,16 @@ def test_with_allow_user_images_a_tenants_own_image_runs_and_a_missing_one_fails
         jid = node.submit_json(tenant, "--container", "localhost/my-own:1", "--wrap", "echo mine")["job_id"]
         job = node.wait_state(jid, {"completed", "failed"}, timeout_s=60)
         assert job["state"] == "completed" and "mine" in log_of(node, tenant, jid), job["reason"]
-        jid = node.submit_json(tenant, "--container", "localhost/not-there:1", "--wrap", "echo never")["job_id"]
-        job = node.wait_state(jid, {"completed", "failed"}, timeout_s=60)
-        assert job["state"] == "failed" and job["reason"].startswith("podman could not run the container"), job
-        assert "localhost/not-there:1" in job["reason"] and "never" not in log_of(node, tenant, jid)
+        assert job["spec"]["server"] == "node-a"  # pinned where its store holds the image
+        before = {j["id"] for j in json.loads(node.mt_job(tenant, "list", "--json").stdout)}
+        r = node.mt_job(tenant, "submit", "--container", "localhost/not-there:1", "--wrap", "echo never")
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert "localhost/not-there:1" in r.stderr and "own store on node-a" in r.stderr, r.stderr
+        assert "mt-podman load -i FILE.tar" in r.stderr and "offers" in r.stderr, r.stderr
+        assert {j["id"] for j in json.loads(node.mt_job(tenant, "list", "--json").stdout)} == before
+        # a workspace in it too, before anything is reserved
+        r = node.run_cli("mtgpu.cli.container", tenant, "create", "--image", "localhost/not-there:1")
+        assert r.returncode == 2 and "localhost/not-there:1" in r.stderr and "own store" in r.stderr, r.stderr
 
 
 def test_a_tenant_cannot_put_its_own_content_under_a_staged_images_name(cnode, bob, image):

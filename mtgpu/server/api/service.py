@@ -26,6 +26,7 @@ from ...storage.quota import check_submission, detect_quota_backend, quota_warni
 from .batching import SubmitBatcher, commit_until_decided
 from ...accounts.lookup import tenant_home_of
 from .identity import Caller
+from ..member.own_images import OwnImageCheck, OwnImageError, in_store, missing, own_image_check, pinned
 from ..member.retention import apply_retention, retention_report
 from ..member.runtime import Member
 from ..member.view import build_snapshot
@@ -110,7 +111,7 @@ class MemberService:
         out = await self.submit_spec(caller, spec)
         # one line each, for the submitter's stderr: #SBATCH options with no effect here,
         # #MTGPU lines that win over #SBATCH ones, directives below the first command
-        out["warnings"] = list(parsed.warnings)
+        out["warnings"] = list(parsed.warnings) + out.get("warnings", [])
         return out
 
     async def submit_spec(self, caller: Caller, spec: JobSpec, what: str = "job") -> dict:
@@ -123,6 +124,10 @@ class MemberService:
         machine = self.store.machine
         with self.store.lock:
             snapshot = build_snapshot(machine, {})
+        own = own_image_check(spec, snapshot, self.node_name)
+        note = None
+        if own is not None:  # a tenant's own image: in its store here, or refused now (member/own_images.py)
+            spec, note = await run_in_threadpool(self._own_image, caller, spec, own)
         reason = check_satisfiable(spec, snapshot)
         if reason:
             raise ServiceError(422, f"refused: no node of this cluster can ever run this {what}: {reason}", refused=True)
@@ -147,7 +152,23 @@ class MemberService:
         out = {"job_id": r["job_id"], "job_ids": r["job_ids"]}
         if warning:
             out["warning"] = warning
+        if note:
+            out["warnings"] = [note]
         return out
+
+    def _own_image(self, caller: Caller, spec: JobSpec, own: OwnImageCheck) -> tuple[JobSpec, str | None]:
+        setup = self.member.agent.containers
+        if setup is None:
+            return spec, None
+        home = tenant_home_of(self.config.TENANT_HOME_ROOT, caller.name, caller.uid)
+        try:
+            found = in_store(setup.podman.ready(caller.uid, caller.gid, home), own.image)
+        except (PodmanSetupError, OwnImageError, OSError) as e:
+            raise ServiceError(500, f"container={own.image}: your store on {self.node_name} could not be read: "
+                                    f"{e}") from None
+        if not found:
+            raise ServiceError(422, f"refused: {missing(own, caller.name)}", refused=True)
+        return pinned(spec, own)
 
     def _check_disk(self, caller: Caller) -> str | None:
         """Refuse a tenant at or over USER_DISK_LIMIT (with the figures); warn near it.
