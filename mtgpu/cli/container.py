@@ -205,9 +205,12 @@ def _podman_exec(name: str, argv: list[str], tty: bool) -> None:
             if w["node"] != here:
                 fail(f"workspace {name} runs on {w['node']}, not on {here}: run this there, or "
                      f"`ssh -o SetEnv=MTGPU_WORKSPACE={name} {ws['tenant']}@{w['node']}`", 1)
-            got = c.podman_env()
+            got = c.podman_env(enter=w["container"])  # this process joins the workspace's cgroup: its GPUs only
     except ClientError as e:
         fail(e)
+    if got.get("entered") is None:
+        fail(f"workspace {name}: its container {w['container']} is not running here as yours; "
+             f"`mt-container show {name}` says where it is", 1)
     podman, env = tenant_podman(got)
     flags = ["-i"] + (["-t"] if tty else [])
     term = ["-e", f"TERM={os.environ['TERM']}"] if tty and os.environ.get("TERM") else []

@@ -26,13 +26,37 @@ def tenant_podman(got: dict) -> tuple[str, dict[str, str]]:
     return got.get("podman") or "podman", env
 
 
+# `podman exec` options that take a value (podman 4): the first other word is the container
+EXEC_VALUE_FLAGS = {"--detach-keys", "-e", "--env", "--env-file", "--preserve-fds", "-u", "--user", "-w", "--workdir"}
+
+
+def exec_target(args: list[str]) -> str | None:
+    """The container of `mt-podman [container] exec [OPTIONS] CONTAINER CMD...`, else None."""
+    if args[:1] == ["exec"]:
+        rest = args[1:]
+    elif args[:2] == ["container", "exec"]:
+        rest = args[2:]
+    else:
+        return None
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--":
+            return rest[i + 1] if i + 1 < len(rest) else None
+        if not a.startswith("-") or a == "-":
+            return a
+        i += 2 if a in EXEC_VALUE_FLAGS else 1
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if os.geteuid() == 0:
         fail("mt-podman runs podman as the calling tenant; root uses podman itself", 2)
     try:
         with LocalClient() as c:
-            got = c.podman_env()
+            # an exec into one of the caller's jobs or workspaces joins that job's cgroup: its GPUs only
+            got = c.podman_env(enter=exec_target(args))
     except ClientError as e:
         fail(e)
     podman, env = tenant_podman(got)

@@ -65,8 +65,11 @@ class LocalClient:
         return ClientError(f"talking to the node at {self.socket_path} failed: {e}")
 
     # ---------------------------------------------------------------- calls
-    def podman_env(self, load: list[str] | None = None) -> dict:
-        return self._call("POST", "/v1/podman/env", json={"load": load} if load else None, timeout=1800)
+    def podman_env(self, load: list[str] | None = None, enter: str | None = None) -> dict:
+        """`enter`: the container this process will `podman exec` into (it is moved into that
+        job's cgroup, fenced to its GPUs)."""
+        body = {**({"load": load} if load else {}), **({"enter": enter} if enter else {})}
+        return self._call("POST", "/v1/podman/env", json=body or None, timeout=1800)
 
     def health(self) -> dict:
         return self._call("GET", "/v1/health")

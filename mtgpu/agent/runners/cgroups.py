@@ -301,6 +301,22 @@ class CgroupManager:
                 _write(f"{p['devices']}/devices.deny", f"{typ} {major}:{minor} rwm")
             enf["devices"] = tag
 
+    def enter(self, job_id: int, pid: int) -> None:
+        """Move `pid` into every group of the job: a tenant's `podman exec` into the job's
+        container, as it starts, so that what it runs is born there, under the job's limits
+        and device fence (rootless podman on cgroup v1 cannot join the container's group
+        itself, and an exec session would otherwise run in its caller's unfenced group). The
+        devices group first. Raises OSError naming the group when the job has none here."""
+        cg = self._jobs.get(job_id)
+        if cg is None or not cg.paths:
+            raise OSError(errno.ENOENT, f"job {job_id} has no cgroup on this node")
+        for ctrl in sorted(cg.paths, key=lambda c: c not in ("devices", "unified")):
+            path = os.path.join(cg.paths[ctrl], "cgroup.procs")
+            try:
+                _write(path, str(pid))
+            except OSError as e:
+                raise OSError(e.errno, f"{path}: {e.strerror or e}") from None
+
     def attach(self, job_id: int, version: str, paths: dict[str, str]) -> JobCgroup:
         """Know a job's groups again after a restart (from the runner's persisted state)."""
         cg = JobCgroup(job_id, version, {k: v for k, v in paths.items() if os.path.isdir(v)})

@@ -277,6 +277,24 @@ class ContainerRunner(NativeRunner):
         return {"container": c["name"], "ports": {str(k): v for k, v in c.get("ports", {}).items()},
                 "token": c.get("token")}
 
+    def enter_container(self, name: str, uid: int, pid: int) -> int | None:
+        """Put `pid` (the tenant `uid`'s podman exec, before it starts) into the cgroup of
+        the running job or workspace whose container is `name`, so that the exec session
+        opens that job's GPUs and no other (cgroups.enter); returns the job's id, or None
+        when `name` is no running container of this tenant's here. Raises RunnerError when
+        it could not be moved: the session must not run unfenced."""
+        for job_id, run in list(self._runs.items()):
+            c = run.state.get("container") or {}
+            if c.get("name") != name or c.get("uid") != uid or run.exit is not None:
+                continue
+            try:
+                self.cgroups.enter(job_id, pid)
+            except OSError as e:
+                raise RunnerError(f"container {name}: this exec session could not be put into job {job_id}'s "
+                                  f"cgroup ({e.strerror or e}), so it would not be fenced to the job's GPUs") from None
+            return job_id
+        return None
+
     def workspace_sessions(self, job_id: int) -> int:
         """Exec sessions open in a running workspace's container (shells, SSH logins, VS Code)."""
         run = self._runs.get(job_id)

@@ -47,6 +47,9 @@ class SubmitRequest(BaseModel):
 class PodmanEnvRequest(BaseModel):
     load: list[str] = Field(default_factory=list, max_length=32,
                             description="staged images to load into the caller's store first")
+    enter: str | None = Field(default=None, max_length=200,
+                              description="the container the caller will `podman exec` into: it is moved into "
+                                          "that job's cgroup first (its GPUs only)")
 
 
 class SaveRequest(BaseModel):
@@ -151,7 +154,7 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
     @app.post("/v1/podman/env")
     def podman_env(request: Request, body: PodmanEnvRequest | None = None) -> dict:
         """The environment the caller's podman runs with here (prepared on first call)."""
-        return service.podman_env(caller(request), body.load if body else None)
+        return service.podman_env(caller(request), body.load if body else None, body.enter if body else None)
 
     @app.get("/v1/nodes")
     def nodes(request: Request) -> list[dict]:

@@ -14,6 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from ...agent.podman.images import ImageError
 from ...agent.podman.setup import SAVED_PREFIX
 from ...agent.podman.tenant import PODMAN, PodmanSetupError
+from ...agent.runners.base import RunnerError
 from ...jobfile import JobFileError, read_job_file
 from ...model.job import Job, JobSpec, JobState
 from ...model.usage import UsageError, parse_day
@@ -261,10 +262,13 @@ class MemberService:
         return LogSource(job_id, rank, node, self.state_dir / job.rank_log_path(rank), job.state.final,
                          job.state.value)
 
-    def podman_env(self, caller: Caller, load: list[str] | None = None) -> dict:
+    def podman_env(self, caller: Caller, load: list[str] | None = None, enter: str | None = None) -> dict:
         """mt-podman: the caller's rootless podman settings on this node, prepared now
         when needed (agent/podman/tenant.py). `load`: images staged here to put in the
-        caller's store first (a devcontainer build's base images)."""
+        caller's store first (a devcontainer build's base images). `enter`: the container
+        the caller is about to `podman exec` into: when it is one of its running jobs or
+        workspaces here, the calling process is moved into that job's cgroup first, so the
+        session is fenced to the job's GPUs (docs/ISOLATION.md); "entered" says which job."""
         setup = self.member.agent.containers
         if setup is None:
             raise ServiceError(409, f"containers are off on {self.node_name} ([CONTAINERS] enabled = false); an admin "
@@ -284,7 +288,27 @@ class MemberService:
                 except (ImageError, OSError) as e:
                     raise ServiceError(500, f"image {image} could not be loaded for {caller.name}: {e}") from None
                 loaded.append(image)
-        return {"env": t.env(), "podman": PODMAN, "loaded": loaded}
+        entered = self._enter_container(caller, enter) if enter else None
+        return {"env": t.env(), "podman": PODMAN, "loaded": loaded, "entered": entered}
+
+    def _enter_container(self, caller: Caller, name: str) -> int | None:
+        """Move the caller's own process (its socket's peer) into the cgroup of its job whose
+        container is `name`; the job's id, or None when `name` is none of its running ones."""
+        runner = self.member.agent.runner
+        if not hasattr(runner, "enter_container"):
+            return None
+        try:  # the peer must still be the caller's process: a pid is moved, not a connection
+            with open(f"/proc/{caller.pid}/status") as f:
+                uids = next(ln for ln in f if ln.startswith("Uid:")).split()[1:3]
+        except (OSError, StopIteration):
+            uids = []
+        if [str(caller.uid)] * 2 != uids:
+            raise ServiceError(409, f"the calling process {caller.pid} is gone or no longer {caller.name}'s; "
+                                    f"run the command again")
+        try:
+            return runner.enter_container(name, caller.uid, caller.pid)
+        except RunnerError as e:
+            raise ServiceError(500, str(e)) from None
 
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's
