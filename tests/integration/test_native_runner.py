@@ -271,11 +271,17 @@ def test_a_new_runner_reattaches_to_a_running_job(runners, tenant):
     del first._runs[1]
 
 
-def test_reattach_without_the_persisted_state_still_finds_and_stops_the_job(runners, tenant):
-    first = runners.new()
-    state = first.start(make_launch(runners, tenant, "sleep 300 &\nsleep 301\n"))
+def start_two_sleeps(runner: NativeRunner, runners: Runners, tenant) -> dict:
+    """Job 1 on `runner`: two sleeps, one in the background; its state once both run."""
+    state = runner.start(make_launch(runners, tenant, "sleep 300 &\nsleep 301\n"))
     sleeps = {b"sleep\x00300\x00", b"sleep\x00301\x00"}
     wait_for("the job's sleeps", lambda: sleeps <= {cmdline(p) for p in marked_pids(1, state["run_token"])})
+    return state
+
+
+def test_reattach_without_the_persisted_state_still_finds_and_stops_the_job(runners, tenant):
+    first = runners.new()
+    state = start_two_sleeps(first, runners, tenant)
 
     second = runners.new()  # restarted, and the agent lost its copy of the state
     assert second.load_state(1, {}) == "running"
@@ -368,9 +374,7 @@ def test_a_job_whose_shim_and_keeper_were_killed_is_watched_to_its_end_which_is_
 
 def test_a_job_that_outlived_its_killed_shim_can_be_fenced_by_the_server_and_ends_fenced(runners, tenant):
     first = runners.new()
-    state = first.start(make_launch(runners, tenant, "sleep 300 &\nsleep 301\n"))
-    sleeps = {b"sleep\x00300\x00", b"sleep\x00301\x00"}
-    wait_for("the job's sleeps", lambda: sleeps <= {cmdline(p) for p in marked_pids(1, state["run_token"])})
+    start_two_sleeps(first, runners, tenant)
     state = first.get_state(1)
     os.kill(state["shim_pid"], signal.SIGKILL)
     first._runs[1].shim.wait(timeout=5)
