@@ -95,6 +95,37 @@ def check_run_args(args: Sequence[object], home: str, key: str = "runArgs") -> l
     return problems
 
 
+def host_sources(args: Sequence[object], key: str = "runArgs") -> list[tuple[str, str, str]]:
+    """(key, argument as written, host path) of every host path in `args` that podman would
+    open: `-v`/`--volume` and `--mount type=bind` sources, `--env-file`. Arguments that
+    check_run_args refuses are skipped (they are reported there)."""
+    found: list[tuple[str, str, str]] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not isinstance(token, str) or not token.startswith("-") or token == "-":
+            i += 1
+            continue
+        following = args[i + 1] if i + 1 < len(args) and isinstance(args[i + 1], str) else None
+        flag, value, consumed = _split(token, following)
+        shown = f"{token} {value}" if consumed and value is not None else token
+        source = None
+        if value is not None and flag == "--volume" and ":" in value:
+            source = value.split(":", 1)[0]
+        elif value is not None and flag == "--env-file":
+            source = value
+        elif value is not None and flag == "--mount":
+            try:
+                m = parse_mount(value, flag)
+            except DevContainerError:
+                m = None
+            source = m.source if m is not None and m.type == "bind" else None
+        if source is not None and source.startswith("/"):
+            found.append((f"{key}[{i}]", shown, source))
+        i += 2 if consumed else 1
+    return found
+
+
 def _why_refused(flag: str, value: str | None, home: str, written: str) -> str | None:
     if flag in _REFUSED:
         return f"{flag} is refused: {_REFUSED[flag]}"

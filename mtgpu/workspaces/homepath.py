@@ -1,0 +1,194 @@
+"""Bind sources resolved on the real file system, as the kernel would resolve them, and
+kept inside the tenant's home (docs/ISOLATION.md, "Bind mounts").
+
+The rule in mounts.py reads the text of a path; this module walks it. Starting from a
+descriptor of the home, each component is opened with O_PATH | O_NOFOLLOW relative to the
+one before (openat), so no path is ever looked up from "/" again and a component swapped
+while the walk runs is seen as what it is at that moment. A symlink is read from its own
+descriptor and followed only while it stays in the home (a relative target is walked on
+from where it is; an absolute one must be written under the home); `..` may climb back up
+to the home, never above it. The end must be a folder or a regular file: a device node, a
+socket or a FIFO is refused, whatever its folder.
+
+Hard links need no rule of their own: a hard link is one more name of an inode on the same
+file system (never /dev's devtmpfs), the kernel lets a tenant link only files it owns or
+can read and write (fs.protected_hardlinks, on by default), and the inode's own owner and
+mode still decide who reads it in the container, where the tenant is its own uid.
+
+`resolve_in_home` returns the resolved path with its descriptor held; `source_problems`
+turns a list of sources into the devcontainer.json problems (key, value, fix) a tenant sees.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mtgpu.workspaces.errors import Problem
+from mtgpu.workspaces.mounts import Mount
+from mtgpu.workspaces.runargs import host_sources
+
+MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
+          stat.S_IFIFO: "a FIFO (named pipe)"}
+_MOUNT_FIX = ("a workspace mounts only folders and regular files of your home: point the source at the "
+              "real folder in your home, or use a named volume (type=volume)")
+
+
+class OutsideHome(ValueError):
+    """A source that does not resolve to a folder or regular file inside the home; the
+    message says where the walk left (or what it found) and is shown after the source."""
+
+
+@dataclass
+class HomePath:
+    """A source resolved inside the home: `real` has no symlink, `..` or `.` left; `fd`
+    (O_PATH) holds the very inode that was checked until close()."""
+
+    written: str
+    real: str
+    is_dir: bool
+    fd: int
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "HomePath":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _below(path: str, home: str) -> list[str] | None:
+    """The components of absolute `path` below `home` (both as written: no `..` folded,
+    duplicate slashes and `.` dropped); None when the text does not start with the home."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    top = [p for p in home.split("/") if p not in ("", ".")]
+    if parts[: len(top)] != top:
+        return None
+    return parts[len(top):]
+
+
+def _open(name: str, dir_fd: int) -> int:
+    return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def resolve_in_home(path: str, home: str) -> HomePath:
+    """Resolve absolute `path` component by component from the home; raise OutsideHome when
+    it leaves the home (a symlink, `..`), is missing, or ends at anything but a folder or a
+    regular file. Run as the tenant, a folder the tenant cannot search stops the walk as it
+    would stop the tenant's own podman. `home` is the tenant's home (its own path is the
+    node's, not the tenant's to change)."""
+    if not path.startswith("/"):
+        raise OutsideHome("is not an absolute path")
+    home_real = os.path.realpath(home)
+    homes = tuple(dict.fromkeys((home.rstrip("/") or "/", home_real)))
+    todo = next((rest for h in homes if (rest := _below(path, h)) is not None), None)
+    if todo is None:
+        raise OutsideHome(f"is outside your home {home}")
+    stack = [os.open(home_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    names: list[str] = []
+    links = 0
+    try:
+        while todo:
+            name = todo.pop(0)
+            if name == "..":
+                if not names:
+                    raise OutsideHome(f"leaves your home through '..' (above {_shown(home_real, names)})")
+                os.close(stack.pop())
+                names.pop()
+                continue
+            here = _shown(home_real, names + [name])
+            try:
+                fd = _open(name, stack[-1])
+            except FileNotFoundError:
+                raise OutsideHome(f"does not exist: {here} is missing; create it first") from None
+            except PermissionError:
+                raise OutsideHome(f"cannot be reached: {_shown(home_real, names)} is not searchable by you") from None
+            except NotADirectoryError:
+                raise OutsideHome(f"goes through {_shown(home_real, names)}, which is not a folder") from None
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
+                try:
+                    target = os.readlink("", dir_fd=fd)  # readlinkat(fd, ""): this very link
+                finally:
+                    os.close(fd)
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise OutsideHome(f"follows more than {MAX_SYMLINKS} symlinks (a loop?) at {here}")
+                if target.startswith("/"):
+                    rest = next((r for h in homes if (r := _below(target, h)) is not None), None)
+                    if rest is None:
+                        raise OutsideHome(f"leaves your home through the symlink {here} -> {target}")
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                    names.clear()
+                    todo[:0] = rest
+                else:
+                    todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
+                continue
+            stack.append(fd)
+            names.append(name)
+            if todo and not stat.S_ISDIR(mode):
+                raise OutsideHome(f"goes through {here}, which is not a folder")
+        mode = os.fstat(stack[-1]).st_mode
+        kind = _KINDS.get(stat.S_IFMT(mode))
+        if kind is not None:
+            raise OutsideHome(f"is {kind} ({_shown(home_real, names)}); only folders and regular files are mounted")
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise OutsideHome(f"is neither a folder nor a regular file ({_shown(home_real, names)})")
+        fd = stack.pop()
+        return HomePath(path, _shown(home_real, names), stat.S_ISDIR(mode), fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OutsideHome("is a symlink loop") from None
+        raise OutsideHome(f"cannot be resolved: {e.strerror}") from None
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _shown(home_real: str, names: list[str]) -> str:
+    return "/".join([home_real.rstrip("/"), *names]) if names else home_real
+
+
+def check_source(key: str, written: object, source: str, home: str, what: str = "bind source") -> Problem | None:
+    """The problem with one source (None when it resolves inside the home)."""
+    try:
+        with resolve_in_home(source, home):
+            return None
+    except OutsideHome as e:
+        return Problem(key, written, f"{what} {source} {e}; {_MOUNT_FIX}")
+
+
+def source_problems(sources: Iterable[tuple[str, object, str]], home: str) -> list[Problem]:
+    """Every (key, value as written, host path) that does not resolve inside `home`."""
+    found = (check_source(key, written, source, home) for key, written, source in sources)
+    return [p for p in found if p is not None]
+
+
+def resolved_source(source: str, home: str) -> str:
+    """The real path of a source inside `home` (OutsideHome otherwise): what podman is handed,
+    so no symlink of the tenant's is left for it to follow."""
+    with resolve_in_home(source, home) as p:
+        return p.real
+
+
+def mount_sources(workspace_mount: Mount | None, mounts: Iterable[Mount], run_args: Iterable[str],
+                  ) -> list[tuple[str, object, str]]:
+    """(key, value, host path) of every host path a devcontainer.json has podman open:
+    `workspaceMount`, the bind `mounts`, and `-v`/`--mount`/`--env-file` in `runArgs`."""
+    found: list[tuple[str, object, str]] = []
+    if workspace_mount is not None and workspace_mount.type == "bind" and workspace_mount.source:
+        found.append(("workspaceMount", workspace_mount.to_mount_arg(), workspace_mount.source))
+    for i, m in enumerate(mounts):
+        if m.type == "bind" and m.source:
+            found.append((f"mounts[{i}]", m.to_mount_arg(), m.source))
+    found += host_sources(list(run_args))
+    return found
