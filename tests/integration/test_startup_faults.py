@@ -48,6 +48,19 @@ def refused_start(node) -> str:
     return node.log_files[-1].read_text(errors="replace")
 
 
+def run_the_named_fix(log: str) -> None:
+    """Run the fix a refused start names ("(mkdir -p ...)"), as its reader would."""
+    fix = log[log.index("(mkdir -p "):].split(")", 1)[0].removeprefix("(")
+    subprocess.run(["bash", "-c", fix], check=True)
+
+
+def back_with_the_clusters_state(member, jid: int) -> dict:
+    """Start the fixed member; job jid, completed, once the member has it again."""
+    member.start(timeout_s=60)
+    return wait_for("the member to have the cluster's state again",
+                    lambda: (j := member.job(jid))["state"] == "completed" and j, timeout_s=60)
+
+
 def test_a_taken_listen_port_stops_the_start_naming_the_port_and_its_holder(squatter):
     with running_node([], start=False, LISTEN=f"127.0.0.1:{squatter}") as node:
         log = refused_start(node)
@@ -129,12 +142,9 @@ def test_a_damaged_replica_stops_a_member_naming_the_file_and_the_fix_brings_it_
         log = refused_start(victim)
         assert f"{journal} says its records end at byte" in log and "move this replica's files aside" in log, log
         assert "Traceback" not in log, log
-        fix = log[log.index("(mkdir -p "):].split(")", 1)[0].removeprefix("(")
-        subprocess.run(["bash", "-c", fix], check=True)
+        run_the_named_fix(log)
         assert not journal.exists() and (journal.parent / "damaged" / "raft.journal").exists()
-        victim.start(timeout_s=60)
-        job = wait_for("the member to have the cluster's state again",
-                       lambda: (j := victim.job(jid))["state"] == "completed" and j, timeout_s=60)
+        job = back_with_the_clusters_state(victim, jid)
         assert job["id"] == jid
         again = victim.submit_json(alice, "--wrap", "true")["job_id"]
         assert sched.wait_state(again, {"completed", "failed"}, timeout_s=60)["state"] == "completed"
@@ -261,9 +271,6 @@ def test_a_changed_raft_journal_entry_stops_a_member_naming_it_and_the_fix_fetch
         log = refused_start(victim)
         assert f"{journal} has entry " in log and "(job.submit.v1) at byte" in log and "changed on disk" in log, log
         assert "move this replica's files aside" in log and "Traceback" not in log, log
-        fix = log[log.index("(mkdir -p "):].split(")", 1)[0].removeprefix("(")
-        subprocess.run(["bash", "-c", fix], check=True)
-        victim.start(timeout_s=60)
-        job = wait_for("the member to have the cluster's state again",
-                       lambda: (j := victim.job(jid))["state"] == "completed" and j, timeout_s=60)
+        run_the_named_fix(log)
+        job = back_with_the_clusters_state(victim, jid)
         assert "echo hi 2" in job["spec"]["script"] and "echo hX 2" not in job["spec"]["script"], job
