@@ -22,7 +22,7 @@ from .runners.base import NEVER_STARTED, RUNNING, UNSUPERVISED, Launch, LocalRun
 from .podman.cdi import make_sim_nodes, remove_sim_nodes, spec_name
 from .podman.setup import ContainerSettings, ContainerSetup, open_containers
 from .podman.tenant import PodmanHost
-from .runners.cgroups import parent_for
+from .runners.cgroups import device_numbers, parent_for
 from .runners.native import NativeRunner
 from .telemetry import open_backend
 from .telemetry.base import GpuBackend
@@ -115,6 +115,8 @@ class LocalAgent:
                 log.warning("GPU device nodes missing from this machine's /dev (%s): those GPUs are not fenced off "
                             "other jobs", "; ".join(missing))
         cgroups = getattr(self.runner, "cgroups", None)
+        if cgroups is not None:  # tenants' sessions and their own podman hold no GPU
+            cgroups.fence_sessions(device_numbers(p for paths in self.gpu_devices.values() for p in paths))
         why = cgroups.device_fencing_problem() if self.gpu_devices and cgroups is not None else None
         if why:  # the probe's result: v1 devices controller not writable, or no device eBPF program on v2
             log.warning("GPU device fencing is unavailable on this node: %s; a native job can open every GPU's "

@@ -157,3 +157,13 @@ def _running(node, user, name: str) -> dict | None:
     ws = json.loads(r.stdout)
     assert ws["state"] in ("queued", "running"), ws
     return ws if ws["state"] == "running" and ws["workspace"]["container"] else None
+
+
+def test_a_tenants_own_podman_outside_its_jobs_opens_no_gpu_node(dnode, alice, image, copies):
+    """mt-podman run (and what a tenant's SSH session runs) is in the sessions group, which
+    holds no GPU: a container it starts gets EPERM on every GPU's node, `--device` included."""
+    jid = dnode.submit_json(alice, "--container", image, "--wrap", "true")["job_id"]  # the image in its store
+    assert dnode.wait_state(jid, {"completed", "failed"}, timeout_s=90)["state"] == "completed"
+    r = mt_podman(dnode, alice, "run", "--rm", "--pull=never", "--network=none", "-v", f"{copies}:{copies}", image,
+                  "sh", "-c", OPEN_ALL.format(folder=copies))
+    assert opens(r.stdout + r.stderr) == {0: "EPERM", 1: "EPERM"}, (r.stdout, r.stderr)

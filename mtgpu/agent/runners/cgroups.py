@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,19 @@ def gpu_device_nodes(vendor: str | None, indices: tuple[int, ...]) -> list[tuple
     return nodes
 
 
+def device_numbers(paths) -> list[tuple[str, int, int]]:
+    """(type, major, minor) of the device nodes at these paths; what is not one is skipped."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            out.append(("c" if stat.S_ISCHR(st.st_mode) else "b", os.major(st.st_rdev), os.minor(st.st_rdev)))
+    return out
+
+
 class CgroupManager:
     """Creates, fills, kills and removes job cgroups under `<own cgroup>/<parent>`."""
 
@@ -110,6 +124,8 @@ class CgroupManager:
         self._own_dirs: dict[str, Path] = {}  # controller (or "unified") -> the group this process started in
         self._held: int | None = None  # the pid hold_member() moved into the services group
         self._jobs: dict[int, JobCgroup] = {}
+        self._sessions_deny: list[tuple[str, int, int]] = []  # fence_sessions(): every GPU's device nodes
+        self._sessions_fenced: set[str] = set()  # hierarchies whose sessions group has that denial
         if os.path.exists(os.path.join(root, "cgroup.controllers")):
             self.version = "v2"
             self._detect_v2(Path(root))
@@ -436,8 +452,51 @@ class CgroupManager:
         jobs' parent's: tenants' interactive work gets no more than their jobs, and never
         the member's share. None when done, else why not."""
         problems: list[str] = []
+        self._fence_sessions(problems)  # before it joins: nothing is ever there unfenced
         self._join_sibling(SESSIONS_SUFFIX, pid, problems)
         return "; ".join(problems) or None
+
+    def fence_sessions(self, deny_devices: list[tuple[str, int, int]]) -> None:
+        """What tenants run outside their jobs (their SSH sessions, the podman they run
+        there, mt-podman) holds no GPU: the sessions group is denied these device nodes,
+        every GPU's, from the next place_sessions() on (docs/ISOLATION.md)."""
+        self._sessions_deny = list(deny_devices)
+        self._sessions_fenced = set()
+
+    def _fence_sessions(self, problems: list[str]) -> None:
+        """Write the sessions group's device denial once per hierarchy (v1 devices.deny,
+        v2 a device program; on v2 a restart that finds the group still there attaches one
+        more, the same)."""
+        deny = self._sessions_deny
+        if not deny:
+            return
+        for ctrl in ("devices", "unified"):
+            base = self.bases.get(ctrl)
+            if base is None or ctrl in self._sessions_fenced:
+                continue
+            group = base.with_name(self.parent + SESSIONS_SUFFIX)
+            try:
+                group.mkdir(exist_ok=True)
+                if ctrl == "devices":
+                    for typ, major, minor in deny:
+                        _write(group / "devices.deny", f"{typ} {major}:{minor} rwm")
+                elif "devices" in self.unavailable:
+                    problems.append(f"{group}: GPUs not fenced off ({self.unavailable['devices']})")
+                    continue
+                else:
+                    devbpf.fence(str(group), deny)
+            except (OSError, ValueError) as e:
+                problems.append(f"{group}: GPUs not fenced off ({devbpf.reason(e)})")
+                continue
+            self._sessions_fenced.add(ctrl)
+
+    def job_of(self, pid: int) -> int | None:
+        """The job whose groups hold `pid` (this member's jobs), or None."""
+        for job_id, cg in list(self._jobs.items()):
+            path = cg.paths.get("devices") or cg.paths.get("unified") or next(iter(cg.paths.values()), None)
+            if path and pid in self._procs_of(path):
+                return job_id
+        return None
 
     def _join_sibling(self, suffix: str, pid: int, problems: list[str]) -> dict[str, Path]:
         """Move `pid` into `<own>/<parent><suffix>` of every hierarchy (made if missing): the

@@ -288,15 +288,34 @@ class MemberService:
                 except (ImageError, OSError) as e:
                     raise ServiceError(500, f"image {image} could not be loaded for {caller.name}: {e}") from None
                 loaded.append(image)
-        entered = self._enter_container(caller, enter) if enter else None
-        return {"env": t.env(), "podman": PODMAN, "loaded": loaded, "entered": entered}
+        return {"env": t.env(), "podman": PODMAN, "loaded": loaded, "entered": self._place_podman(caller, enter)}
 
-    def _enter_container(self, caller: Caller, name: str) -> int | None:
-        """Move the caller's own process (its socket's peer) into the cgroup of its job whose
-        container is `name`; the job's id, or None when `name` is none of its running ones."""
+    def _place_podman(self, caller: Caller, enter: str | None) -> int | None:
+        """Where the caller's podman runs (its own process, the socket's peer, is moved before
+        it execs podman): in the cgroup of its job whose container is `enter` (the job's id
+        is returned); else, unless it already runs inside one of its jobs, in the sessions
+        group, which holds no GPU (what a tenant's podman starts outside its jobs stays in
+        its caller's group on cgroup v1: docs/ISOLATION.md)."""
         runner = self.member.agent.runner
-        if not hasattr(runner, "enter_container"):
+        cgroups = getattr(runner, "cgroups", None)
+        if cgroups is None:
             return None
+        self._check_peer(caller)
+        if enter:
+            try:
+                job_id = runner.enter_container(enter, caller.uid, caller.pid)
+            except RunnerError as e:
+                raise ServiceError(500, str(e)) from None
+            if job_id is not None:
+                return job_id
+        if cgroups.job_of(caller.pid) is None:
+            why = cgroups.place_sessions(caller.pid)
+            if why:
+                log.warning("%s's podman (pid %d) runs where it was started: %s", caller.name, caller.pid, why)
+        return None
+
+    @staticmethod
+    def _check_peer(caller: Caller) -> None:
         try:  # the peer must still be the caller's process: a pid is moved, not a connection
             with open(f"/proc/{caller.pid}/status") as f:
                 uids = next(ln for ln in f if ln.startswith("Uid:")).split()[1:3]
@@ -305,10 +324,6 @@ class MemberService:
         if [str(caller.uid)] * 2 != uids:
             raise ServiceError(409, f"the calling process {caller.pid} is gone or no longer {caller.name}'s; "
                                     f"run the command again")
-        try:
-            return runner.enter_container(name, caller.uid, caller.pid)
-        except RunnerError as e:
-            raise ServiceError(500, str(e)) from None
 
     def nodes(self, caller: Caller) -> list[dict]:
         """Every member with its role, state, GPUs and live use (from the scheduler's
