@@ -35,6 +35,7 @@ import subprocess
 from pathlib import Path
 
 from mtgpu.agent.podman.cdi import CdiSpec
+from mtgpu.agent.podman.exec_sessions import ExecSessions
 from mtgpu.agent.podman.images import ImageError, ImageStore
 from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, error_line, last_error
 from mtgpu.agent.podman.ports import PortGuard, PortGuardError
@@ -91,6 +92,7 @@ class ContainerRunner(NativeRunner):
         self.cache_volume = cache_volume
         self.network = network
         self.ports = PortGuard(podman.key)
+        self.exec_sessions = ExecSessions()
 
     # ------------------------------------------------------------ start
     def _command(self, launch: Launch, job_dir: Path, env: dict[str, str], token: str, enforced: dict) -> Command:
@@ -301,12 +303,8 @@ class ContainerRunner(NativeRunner):
         c = run.state.get("container") if run is not None else None
         if not c or not c.get("workspace"):
             return 0
-        tenant = self.podman.tenant(c["uid"], c["gid"], c["home"])
-        try:
-            r = tenant.run(["container", "inspect", "--format", "{{len .ExecIDs}}", c["name"]], timeout_s=30)
-            return int(r.stdout.decode().strip() or 0) if r.returncode == 0 else 0
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            return 0
+        # a failed `podman exec` leaves its session listed: counted, it would keep the workspace busy for good
+        return self.exec_sessions.count(self.podman.tenant(c["uid"], c["gid"], c["home"]), c["name"])
 
     def stop(self, job_id: int, grace_s: float = 5.0) -> None:
         """A workspace is stopped by podman (its container kept, its state clean), then as a job."""
