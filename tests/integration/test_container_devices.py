@@ -49,19 +49,22 @@ def dnode(image, alice):
 @pytest.fixture(scope="module")
 def copies(dnode, alice):
     """Each GPU's device node again, as `gpuN` in a folder of the tenant's home (mode 0666,
-    as /dev/nvidiaN is on a real node); removed afterwards."""
+    as /dev/nvidiaN is on a real node), and `stray`, a node of no GPU of this node's (a
+    device the GPU backend does not report: a container's allow-list denies it too);
+    removed afterwards."""
     name = spec_name("node-a", PodmanHost(dnode.state_dir).key)
     folder = Path(alice.home) / "gpu-nodes"
     folder.mkdir(mode=0o755, exist_ok=True)
-    for i in range(2):
-        path = folder / f"gpu{i}"
-        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(*sim_device_number(name, i)))
-        os.chmod(path, 0o666)
+    major, minor0 = sim_device_number(name, 0)
+    numbers = {"gpu0": sim_device_number(name, 0), "gpu1": sim_device_number(name, 1), "stray": (major, minor0 + 1000)}
+    for node, (major, minor) in numbers.items():
+        os.mknod(folder / node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(folder / node, 0o666)
     try:
         yield str(folder)
     finally:
-        for i in range(2):
-            (folder / f"gpu{i}").unlink(missing_ok=True)
+        for node in numbers:
+            (folder / node).unlink(missing_ok=True)
         folder.rmdir()
 
 
@@ -80,16 +83,16 @@ def mtc(node, user, *args: str, timeout_s: float = 120) -> subprocess.CompletedP
     return node.run_cli("mtgpu.cli.container", user, *args, timeout_s=timeout_s)
 
 
-def opens(text: str, gpus: range = range(2)) -> dict[int, str]:
-    """What `cat` said for each gpuN in the output of OPEN_ALL."""
+def opens(text: str) -> dict:
+    """What `cat` said for each node in the output of OPEN_ALL: {0: .., 1: .., "stray": ..}."""
     out = {}
-    for i in gpus:
-        line = next((ln for ln in text.splitlines() if f"/gpu{i}" in ln), "")
-        out[i] = "ENXIO" if NO_DRIVER in line else "EPERM" if FENCED in line else f"? {line!r}"
+    for key, node in ((0, "gpu0"), (1, "gpu1"), ("stray", "stray")):
+        line = next((ln for ln in text.splitlines() if f"/{node}:" in ln), "")
+        out[key] = "ENXIO" if NO_DRIVER in line else "EPERM" if FENCED in line else f"? {line!r}"
     return out
 
 
-OPEN_ALL = "for f in {folder}/gpu0 {folder}/gpu1; do cat $f 2>&1 | sed \"s|^|$f: |\"; done"
+OPEN_ALL = "for f in {folder}/gpu0 {folder}/gpu1 {folder}/stray; do cat $f 2>&1 | sed \"s|^|$f: |\"; done"
 
 
 def _job_and_exec(node, user, image, copies, *gpus: str) -> tuple[dict, str, str]:
@@ -116,15 +119,15 @@ def _job_and_exec(node, user, image, copies, *gpus: str) -> tuple[dict, str, str
 def test_a_container_job_and_an_exec_into_it_open_its_own_gpu_and_are_denied_the_other(dnode, alice, image, copies):
     job, main, execd = _job_and_exec(dnode, alice, image, copies, "--gpus", "1")
     mine = job["gpus"][0]["index"]
-    assert opens(main) == {mine: "ENXIO", 1 - mine: "EPERM"}, main
-    assert opens(execd) == {mine: "ENXIO", 1 - mine: "EPERM"}, execd
-    assert job["enforced"]["devices"].startswith("cgroup-"), job["enforced"]
+    assert opens(main) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, main
+    assert opens(execd) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, execd
+    assert job["enforced"]["devices"].startswith("cgroup-") and "nodes allowed" in job["enforced"]["devices"], job["enforced"]
 
 
 def test_a_container_job_with_no_gpu_and_an_exec_into_it_open_no_gpu_node(dnode, alice, image, copies):
     job, main, execd = _job_and_exec(dnode, alice, image, copies)
-    assert opens(main) == {0: "EPERM", 1: "EPERM"}, main
-    assert opens(execd) == {0: "EPERM", 1: "EPERM"}, execd
+    assert opens(main) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, main
+    assert opens(execd) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, execd
 
 
 def test_a_workspace_and_every_exec_into_it_open_its_own_gpu_and_are_denied_the_other(dnode, alice, copies):
@@ -134,7 +137,7 @@ def test_a_workspace_and_every_exec_into_it_open_its_own_gpu_and_are_denied_the_
         ws = wait_for("workspace fenced to run", lambda: _running(dnode, alice, "fenced"), timeout_s=90, interval_s=0.2)
         mine = ws["gpus"][0]["index"]
         r = mtc(dnode, alice, "exec", "fenced", "--", "sh", "-c", OPEN_ALL.format(folder=copies))
-        assert opens(r.stdout) == {mine: "ENXIO", 1 - mine: "EPERM"}, (r.stdout, r.stderr)
+        assert opens(r.stdout) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, (r.stdout, r.stderr)
     finally:
         mtc(dnode, alice, "rm", "fenced")
 
@@ -145,7 +148,7 @@ def test_a_workspace_with_no_gpu_opens_no_gpu_node(dnode, alice, copies):
     try:
         wait_for("workspace nogpu to run", lambda: _running(dnode, alice, "nogpu"), timeout_s=90, interval_s=0.2)
         r = mtc(dnode, alice, "exec", "nogpu", "--", "sh", "-c", OPEN_ALL.format(folder=copies))
-        assert opens(r.stdout) == {0: "EPERM", 1: "EPERM"}, (r.stdout, r.stderr)
+        assert opens(r.stdout) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, (r.stdout, r.stderr)
     finally:
         mtc(dnode, alice, "rm", "nogpu")
 
@@ -166,4 +169,4 @@ def test_a_tenants_own_podman_outside_its_jobs_opens_no_gpu_node(dnode, alice, i
     assert dnode.wait_state(jid, {"completed", "failed"}, timeout_s=90)["state"] == "completed"
     r = mt_podman(dnode, alice, "run", "--rm", "--pull=never", "--network=none", "-v", f"{copies}:{copies}", image,
                   "sh", "-c", OPEN_ALL.format(folder=copies))
-    assert opens(r.stdout + r.stderr) == {0: "EPERM", 1: "EPERM"}, (r.stdout, r.stderr)
+    assert opens(r.stdout + r.stderr) == {0: "EPERM", 1: "EPERM", "stray": "ENXIO"}, (r.stdout, r.stderr)

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import pytest
 
 from mtgpu.agent.runners import devbpf
-from mtgpu.agent.runners.cgroups import CgroupManager
+from mtgpu.agent.runners.cgroups import STANDARD_DEVICES, CgroupManager
 
 
 def cgroup2_mount() -> str | None:
@@ -258,3 +258,27 @@ def test_where_no_program_can_be_attached_the_manager_and_the_agents_warning_say
     caplog.set_level(logging.WARNING, logger="mtgpu.agent.local")
     agent._find_gpu_devices("n1")
     assert f"GPU device fencing is unavailable on this node: {why}" in caplog.text, caplog.text
+
+
+def test_a_containers_allow_list_opens_its_own_nodes_and_the_standard_ones_and_denies_the_rest(lab):
+    only = lab.mkcg()
+    devbpf.fence(only, allow=[*STANDARD_DEVICES, lab.rule(lab.allowed)])
+    assert lab.open_in(only) == {"denied": "EPERM", "allowed": "ENXIO"}
+    assert lab.open_in(lab.mkcg(parent=only)) == {"denied": "EPERM", "allowed": "ENXIO"}  # below it too
+    major = lab.rule(lab.allowed)[1]
+    every_minor = lab.mkcg()
+    devbpf.fence(every_minor, allow=[*STANDARD_DEVICES, ("c", major, None)])  # as the pseudo-terminals' 136:*
+    assert lab.open_in(every_minor) == {"denied": "ENXIO", "allowed": "ENXIO"}
+    with pytest.raises(ValueError):
+        devbpf.assemble([("c", major, None)])  # a deny rule names one node
+
+
+def test_the_cgroup_manager_fences_a_v2_container_job_with_its_allow_list(lab):
+    parent = f"mtgpu-test-devbpf-mgr-{os.getpid()}-{secrets.token_hex(4)}"
+    lab.track(os.path.join(lab.root, parent))
+    manager = CgroupManager(parent, root=lab.root)
+    allow = [*STANDARD_DEVICES, lab.rule(lab.allowed)]
+    cg = manager.create(3, cpus=None, mem_bytes=None, allow_devices=allow)
+    assert cg.enforced["devices"] == f"cgroup-v2 (eBPF, {len(allow)} nodes allowed)" and not cg.not_enforced, cg
+    assert lab.open_in(cg.paths["unified"]) == {"denied": "EPERM", "allowed": "ENXIO"}
+    manager.remove(3)

@@ -49,6 +49,14 @@ SERVICES_SUFFIX = "-services"
 SESSIONS_SUFFIX = "-sessions"  # the tenant sshd and its sessions: tenants' work, at the jobs' weight
 
 
+# What every container may open besides its own GPUs' nodes (its allow-list; runc's own for a
+# rootful container is much the same): null, zero, full, random, urandom, tty, console, ptmx,
+# the pseudo-terminals (136:*), /dev/net/tun (slirp4netns), /dev/fuse (fuse-overlayfs).
+STANDARD_DEVICES: tuple[tuple[str, int, int | None], ...] = (
+    ("c", 1, 3), ("c", 1, 5), ("c", 1, 7), ("c", 1, 8), ("c", 1, 9), ("c", 5, 0), ("c", 5, 1), ("c", 5, 2),
+    ("c", 136, None), ("c", 10, 200), ("c", 10, 229))
+
+
 def parent_for(node_name: str, state_dir: str | Path) -> str:
     """A member's own group parent, `mtgpu-NODE-KEY` (KEY from its state directory): two
     members on one machine, even of two clusters that both name a node m1 and both have a
@@ -231,8 +239,11 @@ class CgroupManager:
 
     # -- per job -----------------------------------------------------------------
     def create(self, job_id: int, *, cpus: float | None, mem_bytes: int | None,
-               deny_devices: list[tuple[str, int, int]] = ()) -> JobCgroup | None:
-        """Make the job's groups and write its limits. None when no controller is usable."""
+               deny_devices: list[tuple[str, int, int]] = (),
+               allow_devices: list[tuple[str, int, int | None]] | None = None) -> JobCgroup | None:
+        """Make the job's groups and write its limits. None when no controller is usable.
+        Device nodes: a native job is denied `deny_devices` (the GPUs it was not given); a
+        container job (`allow_devices` given) may open only those (minor None: any minor)."""
         if not self.bases:
             return None
         name = self._free_name(job_id)
@@ -242,7 +253,7 @@ class CgroupManager:
                 d = base / name
                 d.mkdir()
                 cg.paths[ctrl] = str(d)
-            self._set_limits(cg, cpus, mem_bytes, deny_devices)
+            self._set_limits(cg, cpus, mem_bytes, deny_devices, allow_devices)
         except OSError:
             self._rmdirs(cg)
             raise
@@ -267,7 +278,7 @@ class CgroupManager:
                 continue
         raise OSError(errno.EEXIST, f"no free cgroup name for job {job_id} under {self.parent}")
 
-    def _set_limits(self, cg: JobCgroup, cpus, mem_bytes, deny_devices) -> None:
+    def _set_limits(self, cg: JobCgroup, cpus, mem_bytes, deny_devices, allow_devices=None) -> None:
         v = cg.version
         tag = f"cgroup-{v}"
         p = cg.paths
@@ -285,18 +296,19 @@ class CgroupManager:
             if "pids" not in self.unavailable:
                 _write(f"{d}/pids.max", str(self.pids_max))
                 enf["pids"] = f"{tag} (max {self.pids_max})"
-            if deny_devices:
+            if deny_devices or allow_devices is not None:
                 if "devices" in self.unavailable:
                     cg.not_enforced["devices"] = self.unavailable["devices"]
                     return
                 try:
-                    devbpf.fence(d, deny_devices)
+                    devbpf.fence(d, deny_devices, allow_devices)
                 except devbpf.StillAttached:
                     raise  # create() removes the group, which detaches the program
                 except (OSError, ValueError) as e:  # the job runs unfenced, and its record says why
                     cg.not_enforced["devices"] = devbpf.reason(e)
                 else:
-                    enf["devices"] = f"{tag} (eBPF)"
+                    enf["devices"] = f"{tag} (eBPF" + (f", {len(allow_devices)} nodes allowed)" if allow_devices
+                                                      is not None else ")")
             return
         if mem_bytes and "memory" in p:
             _write(f"{p['memory']}/memory.limit_in_bytes", str(mem_bytes))
@@ -312,7 +324,12 @@ class CgroupManager:
         if "pids" in p:
             _write(f"{p['pids']}/pids.max", str(self.pids_max))
             enf["pids"] = f"{tag} (max {self.pids_max})"
-        if deny_devices and "devices" in p:
+        if allow_devices is not None and "devices" in p:  # nothing but these: no process is in it yet
+            _write(f"{p['devices']}/devices.deny", "a")
+            for typ, major, minor in allow_devices:
+                _write(f"{p['devices']}/devices.allow", f"{typ} {major}:{'*' if minor is None else minor} rwm")
+            enf["devices"] = f"{tag} ({len(allow_devices)} nodes allowed)"
+        elif deny_devices and "devices" in p:
             for typ, major, minor in deny_devices:
                 _write(f"{p['devices']}/devices.deny", f"{typ} {major}:{minor} rwm")
             enf["devices"] = tag

@@ -6,7 +6,9 @@ open, read/write or mknod a device node. The program is assembled here by hand, 
 library: for each denied (type, major, minor) it compares the context
 `struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor;}` (the device type
 is access_type & 0xFFFF) and returns 0 (deny, the process gets EPERM) on a match, 1
-(allow) otherwise. It is loaded and attached with the bpf() syscall through ctypes.
+(allow) otherwise; a container's program is the other way round, an allow-list
+(`assemble_allow`: its own GPUs' nodes and the standard ones, everything else denied).
+It is loaded and attached with the bpf() syscall through ctypes.
 
 The attachment holds the program: the loader's file descriptor is closed after attaching,
 and removing the cgroup detaches it. The program is attached with BPF_F_ALLOW_MULTI, so
@@ -77,24 +79,40 @@ def assemble(deny: Iterable[tuple[str, int, int]]) -> bytes:
                   if r4 != minor goto next; r0 = 0; exit; next:
         r0 = 1; exit
     """
-    rules = list(deny)
+    return _assemble(deny, match=0, otherwise=1, what="to deny")
+
+
+def assemble_allow(allow: Iterable[tuple[str, int, int | None]]) -> bytes:
+    """The program allowing only these device nodes (minor None: every minor of the major),
+    every access; every other device node is denied (a container's allow-list, as runc's
+    own for a rootful container). The same code with the answers swapped, and no minor
+    comparison for a rule without one."""
+    return _assemble(allow, match=1, otherwise=0, what="to allow")
+
+
+def _assemble(rules, *, match: int, otherwise: int, what: str) -> bytes:
+    rules = list(rules)
     if len(rules) > MAX_RULES:
-        raise ValueError(f"{len(rules)} device nodes to deny: one eBPF program holds at most {MAX_RULES}")
+        raise ValueError(f"{len(rules)} device nodes {what}: one eBPF program holds at most {MAX_RULES}")
     code = [insn(LDX_W_MEM, R2, R1, 0), insn(AND64_K, R2, imm=0xFFFF),
             insn(LDX_W_MEM, R3, R1, 4), insn(LDX_W_MEM, R4, R1, 8)]
     for rule in rules:
         typ, major, minor = rule
         if typ not in DEV_TYPES:
             raise ValueError(f"device {rule}: the type must be 'c' (character) or 'b' (block), not {typ!r}")
-        if not (isinstance(major, int) and 0 <= major <= MAX_MAJOR and isinstance(minor, int) and 0 <= minor <= MAX_MINOR):
+        if not (isinstance(major, int) and 0 <= major <= MAX_MAJOR and
+                ((minor is None and match == 1) or (isinstance(minor, int) and 0 <= minor <= MAX_MINOR))):
             raise ValueError(f"device {rule}: major must be 0..{MAX_MAJOR} and minor 0..{MAX_MINOR} "
                              "(the kernel's device numbers)")
-        code += [insn(JNE_K, R2, off=4, imm=DEV_TYPES[typ]),  # to the next rule: 5 insns on
-                 insn(JNE_K, R3, off=3, imm=major),
-                 insn(JNE_K, R4, off=2, imm=minor),
-                 insn(MOV64_K, R0, imm=0),
-                 insn(EXIT)]
-    code += [insn(MOV64_K, R0, imm=1), insn(EXIT)]
+        if minor is None:  # 4 instructions: to the next rule, 3 on
+            code += [insn(JNE_K, R2, off=3, imm=DEV_TYPES[typ]),
+                     insn(JNE_K, R3, off=2, imm=major)]
+        else:  # 5 instructions: to the next rule, 4 on
+            code += [insn(JNE_K, R2, off=4, imm=DEV_TYPES[typ]),
+                     insn(JNE_K, R3, off=3, imm=major),
+                     insn(JNE_K, R4, off=2, imm=minor)]
+        code += [insn(MOV64_K, R0, imm=match), insn(EXIT)]
+    code += [insn(MOV64_K, R0, imm=otherwise), insn(EXIT)]
     return b"".join(code)
 
 
@@ -168,9 +186,10 @@ def _hint(err: int, cmd: int) -> str:
     return ""
 
 
-def load(deny: Iterable[tuple[str, int, int]]) -> int:
-    """Load the program denying these device nodes; returns its fd (close-on-exec)."""
-    return load_code(assemble(deny))
+def load(deny: Iterable[tuple[str, int, int]], allow: Iterable[tuple[str, int, int | None]] | None = None) -> int:
+    """Load the program denying these device nodes, or (`allow` given) allowing only those;
+    returns its fd (close-on-exec)."""
+    return load_code(assemble(deny) if allow is None else assemble_allow(allow))
 
 
 def load_code(code: bytes) -> int:
@@ -256,10 +275,12 @@ def attach(prog_fd: int, cgroup_dir: str) -> None:
         os.close(dir_fd)
 
 
-def fence(cgroup_dir: str, deny: Iterable[tuple[str, int, int]]) -> None:
+def fence(cgroup_dir: str, deny: Iterable[tuple[str, int, int]] = (),
+          allow: Iterable[tuple[str, int, int | None]] | None = None) -> None:
     """Deny the processes of the cgroup v2 directory `cgroup_dir` (and of its descendants)
-    these device nodes. The program stays attached until the cgroup is removed."""
-    prog_fd = load(deny)
+    these device nodes, or (`allow` given: a container's) every device node but those. The
+    program stays attached until the cgroup is removed."""
+    prog_fd = load(deny, allow)
     try:
         attach(prog_fd, cgroup_dir)
     finally:

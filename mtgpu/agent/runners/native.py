@@ -161,7 +161,8 @@ class NativeRunner:
         cg, cg_error = None, None
         try:
             cg = self.cgroups.create(job_id, cpus=launch.cpus, mem_bytes=launch.mem_bytes,
-                                     deny_devices=self._denied_devices(launch))
+                                     deny_devices=self._denied_devices(launch),
+                                     allow_devices=self._allowed_devices(launch))
         except OSError as e:  # run with the fallbacks, and say so in the record
             cg_error = f"could not create the job's cgroup: {e}"
         enforced = self._enforced(launch, cg)
@@ -221,6 +222,11 @@ class NativeRunner:
             raise RunnerError(f"container={launch.container}: containers are off on this node "
                               "([CONTAINERS] enabled = false)")
         return Command(_interpreter(launch.script), env, script_arg=True)
+
+    def _allowed_devices(self, launch: Launch) -> list[tuple[str, int, int | None]] | None:
+        """Device nodes the job may open, all others denied; None: any but _denied_devices()
+        (a native job; a container's is an allow-list, runners/podman.py)."""
+        return None
 
     def _denied_devices(self, launch: Launch) -> list[tuple[str, int, int]]:
         """The device nodes of the node's GPUs this job was not given."""

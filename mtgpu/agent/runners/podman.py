@@ -25,6 +25,7 @@ What a container gets (docs/CONTAINERS.md):
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -34,11 +35,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from mtgpu.agent.podman.cdi import CdiSpec
+from mtgpu.agent.podman.cdi import NVIDIA_CONTROL, CdiSpec
 from mtgpu.agent.podman.exec_sessions import ExecSessions
 from mtgpu.agent.podman.images import ImageError, ImageStore
 from mtgpu.agent.podman.tenant import PODMAN, PodmanHost, PodmanSetupError, error_line, last_error
 from mtgpu.agent.podman.ports import PortGuard, PortGuardError
+from mtgpu.agent.runners.cgroups import STANDARD_DEVICES, device_numbers
 from mtgpu.agent.runners.base import RUNNING, SLURM_BIN_DIR, UNSUPERVISED, ExitInfo, Launch, RunnerError
 from mtgpu.agent.runners.native import Command, NativeRunner, _interpreter
 from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, entry_script, gpus_label, layer_image,
@@ -219,6 +221,25 @@ class ContainerRunner(NativeRunner):
                      SCRIPT_MOUNT]
         enforced["container_limits"] = limits
         return Command(argv, penv, script_arg=False, state=state, rlimit_as_ok=False)
+
+    def _allowed_devices(self, launch: Launch) -> list[tuple[str, int, int | None]] | None:
+        """A container's allow-list (the job's cgroup holds conmon, the container and every
+        exec session into it: cgroups.enter): the standard nodes, its own GPUs' and, with
+        GPUs, their vendor's shared ones (NVIDIA's control nodes, AMD's /dev/kfd); every
+        other device node is denied, whatever the container has mounted."""
+        if launch.container is None:
+            return None
+        own: list[str] = []
+        for index in launch.gpu_indices:
+            own += launch.gpu_devices.get(index, ())
+        nvidia = launch.gpu_vendor in (None, "nvidia")
+        if launch.gpu_indices and not launch.gpu_devices and nvidia:
+            own += [f"/dev/nvidia{i}" for i in launch.gpu_indices]
+        if launch.gpu_indices and nvidia:
+            own += [*NVIDIA_CONTROL, *sorted(glob.glob("/dev/nvidia-caps/*"))]
+        if launch.gpu_indices and launch.gpu_vendor == "amd":
+            own.append("/dev/kfd")
+        return [*STANDARD_DEVICES, *device_numbers(own)]
 
     # ------------------------------------------------------------ workspaces
     def _guard(self, launch: Launch, ports: dict[int, int]) -> None:
