@@ -18,6 +18,7 @@ import subprocess
 from ..client.local import ClientError, LocalClient
 from ..workspaces.devcontainer import DevContainer, load_devcontainer
 from ..workspaces.errors import DevContainerError
+from ..workspaces.homepath import mount_sources, source_problems
 from ..workspaces.sections import Command
 from .common import err, fail
 from .podman import tenant_podman
@@ -93,6 +94,18 @@ def base_images(dockerfile: str) -> list[str]:
     return images
 
 
+def refuse_own_image_build(dc: DevContainer, here: str, node: dict) -> None:
+    """Before any work: a `build` makes an image of the tenant's own, which runs only where
+    `[CONTAINERS] allow_user_images = true` (the node refuses it at create otherwise)."""
+    containers = node.get("containers")
+    if containers is None or containers.get("user_images"):  # containers off: the node says so itself
+        return
+    fail(f"{dc.config_path}: its \"build\" makes an image of your own, to run on {here}, which does not run "
+         "tenants' own images ([CONTAINERS] allow_user_images = false); name an image the cluster offers in "
+         "\"image\" instead (`mt-container create` without arguments lists the templates), or ask an admin to "
+         "set allow_user_images = true or to stage your image", 2)
+
+
 def build_image(dc: DevContainer) -> tuple[str, str]:
     """`podman build --pull=never` of its `build`, as the tenant, into the tenant's store on
     this node: (the image's tag, this node, where the workspace must then run)."""
@@ -100,8 +113,9 @@ def build_image(dc: DevContainer) -> tuple[str, str]:
     tag = "localhost/devcontainer-" + hashlib.sha256(dc.config_path.encode()).hexdigest()[:12] + ":latest"
     try:
         with LocalClient() as c:
-            got = c.podman_env(load=base_images(b.dockerfile))  # the node's staged images it builds FROM
             here = c.health()["node"]
+            refuse_own_image_build(dc, here, next((n for n in c.nodes() if n["name"] == here), {}))
+            got = c.podman_env(load=base_images(b.dockerfile))  # the node's staged images it builds FROM
     except ClientError as e:
         fail(e)
     podman, env = tenant_podman(got)
@@ -127,6 +141,10 @@ def read_devcontainer(path: str) -> dict:
         dc = load_devcontainer(path, home=os.path.realpath(home), env=dict(os.environ))
     except DevContainerError as e:
         fail(str(e), 2)
+    # the host paths on the real file system, as you: a symlink or '..' out of the home is refused here already
+    problems = source_problems(mount_sources(dc.workspace_mount, dc.mounts, dc.run_args), os.path.realpath(home))
+    if problems:
+        fail(str(DevContainerError(problems, dc.config_path)), 2)
     if dc.ignored_keys:
         err.print(f"note: {dc.config_path}: not acted on: {', '.join(dc.ignored_keys)}", markup=False)
     if dc.build is None:

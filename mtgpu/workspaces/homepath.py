@@ -192,3 +192,34 @@ def mount_sources(workspace_mount: Mount | None, mounts: Iterable[Mount], run_ar
             found.append((f"mounts[{i}]", m.to_mount_arg(), m.source))
     found += host_sources(list(run_args))
     return found
+
+
+def checked_mounts(mounts: Iterable[tuple[str, str, bool]], run_args: Iterable[str], home: str,
+                   ) -> tuple[tuple[str, str, bool], ...]:
+    """A workspace's (source, target, read-only) mounts with each source resolved inside the
+    home, as the member hands them to podman, after its `runArgs` host paths are checked the
+    same way; OutsideHome names the first mount that is not, and the fix."""
+    out = []
+    for source, target, ro in mounts:
+        try:
+            out.append((resolved_source(source, home), target, ro))
+        except OutsideHome as e:
+            raise OutsideHome(f"the mount of {source} at {target}: bind source {source} {e}; {_MOUNT_FIX}") from None
+    for key, written, source in host_sources(list(run_args)):
+        problem = check_source(key, written, source, home, "host path")
+        if problem is not None:
+            raise OutsideHome(problem.render())
+    return tuple(out)
+
+
+def recheck_stored_sources(sources: Iterable[str], home: str) -> None:
+    """Before a stopped workspace's container starts again (podman mounts its sources anew
+    at each start, following what they are then): each stored bind source written under
+    the home must still resolve inside it; OutsideHome names the first that does not."""
+    for source in sources:
+        if _below(source, home) is None and _below(source, os.path.realpath(home)) is None:
+            continue  # the node's own mounts (entry script, datasets, ...), never the tenant's
+        try:
+            resolve_in_home(source, home).close()
+        except OutsideHome as e:
+            raise OutsideHome(f"the container's mount of {source}: bind source {source} {e}; {_MOUNT_FIX}") from None

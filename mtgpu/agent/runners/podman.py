@@ -48,6 +48,7 @@ from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, en
 from mtgpu.agent.runners.workspace import LABEL as WS_LABEL
 from mtgpu.agent.runners.workspace import WS_UID
 from mtgpu.model.gpu import VISIBILITY_VARS
+from mtgpu.workspaces.homepath import OutsideHome, checked_mounts, recheck_stored_sources
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,12 @@ class ContainerRunner(NativeRunner):
             return super()._command(launch, job_dir, env, token, enforced)
         image = launch.container
         ws = launch.workspace
+        mounts: tuple[tuple[str, str, bool], ...] = ()
+        if ws is not None:
+            try:  # on this member's file system, at every start: a path checked at create may be a symlink now
+                mounts = checked_mounts(ws.mounts, ws.run_args, launch.home)
+            except OutsideHome as e:
+                raise RunnerError(str(e)) from None
         try:
             tenant = self.podman.ready(launch.uid, launch.gid, launch.home)
             existing = self._existing_workspace(tenant, launch.job_id, gpus_label(launch.gpu_indices)) \
@@ -145,6 +152,7 @@ class ContainerRunner(NativeRunner):
         if ws is not None and existing is not None and not existing[1]:
             # Made for these GPUs before: start it again as it is (its layer, its ports).
             name, ports = workspace_container(launch.job_id), existing[0].ports
+            self._recheck_mounts(tenant, name, launch.home)
             self._guard(launch, ports)
             state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
             enforced["container_limits"] = "the job's cgroup around the container"
@@ -193,7 +201,7 @@ class ContainerRunner(NativeRunner):
                 argv += ["-v", f"{SLURM_BIN_DIR}:{SLURM_BIN_DIR}:ro"]
         else:
             argv += ["-v", f"{files / 'entry'}:{ENTRY_MOUNT}:ro"]
-            for source, target, ro in ws.mounts:
+            for source, target, ro in mounts:  # resolved: no symlink of the tenant's left for podman to follow
                 argv += ["-v", f"{source}:{target}" + (":ro" if ro else "")]
         for path in self.read_only:
             if os.path.exists(path):
@@ -242,6 +250,17 @@ class ContainerRunner(NativeRunner):
         return [*STANDARD_DEVICES, *device_numbers(own)]
 
     # ------------------------------------------------------------ workspaces
+    def _recheck_mounts(self, tenant, name: str, home: str) -> None:
+        """The bind sources stored in a stopped workspace's container, checked before it starts again."""
+        try:
+            r = tenant.run(["container", "inspect", "--format", "{{json .Mounts}}", name], timeout_s=60)
+            stored = json.loads(r.stdout.decode() or "[]") if r.returncode == 0 else []
+            recheck_stored_sources((m.get("Source", "") for m in stored or () if m.get("Type") == "bind"), home)
+        except OutsideHome as e:
+            raise RunnerError(str(e)) from None
+        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+            raise RunnerError(f"workspace container {name}: its mounts could not be read to check them: {e}") from e
+
     def _guard(self, launch: Launch, ports: dict[int, int]) -> None:
         """Only the tenant (and root) may connect to these ports, from before they are published."""
         if not ports:

@@ -27,7 +27,7 @@ from ...agent.runners.workspace import url_of
 from ...jobfile import JobFileError, parse_job_file
 from ...model.job import Job, JobState, WorkspaceSpec
 from ...state import commands as C
-from ...workspaces.mounts import inside
+from ...workspaces.homepath import OutsideHome, checked_mounts
 from ...workspaces.runargs import check_run_args
 from .identity import Caller
 from .service import MemberService, ServiceError
@@ -129,9 +129,6 @@ class WorkspaceService:
     def _from_devcontainer(self, d: DevcontainerParts, home: str) -> tuple[str, WorkspaceSpec, dict[str, str]]:
         where = f"--devcontainer {d.path}"
         for source, target, _ro in d.mounts:
-            if not inside(os.path.normpath(source), home):
-                raise ServiceError(422, f"refused: {where}: the mount of {source!r} is outside your home {home}; "
-                                        "mount folders of your home only", refused=True)
             if not target.startswith("/"):
                 raise ServiceError(422, f"refused: {where}: mount target {target!r} must be an absolute path",
                                    refused=True)
@@ -145,6 +142,10 @@ class WorkspaceService:
         problems = check_run_args(d.run_args, home)
         if problems:
             raise ServiceError(422, f"refused: {where}: " + "; ".join(p.render() for p in problems), refused=True)
+        try:  # resolved on this node's file system, as the member does again before podman runs
+            checked_mounts(d.mounts, d.run_args, home)
+        except OutsideHome as e:
+            raise ServiceError(422, f"refused: {where}: {e}", refused=True) from None
         if d.user is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", d.user):
             raise ServiceError(422, f"refused: {where}: remoteUser/containerUser {d.user!r} is not a user name",
                                refused=True)
