@@ -3,9 +3,10 @@ read from the string form (`type=bind,source=/a,target=/b`, Docker's `--mount`
 syntax) and the object form (`{"type": "bind", "source": ..., "target": ...}`), and
 kept inside the tenant's home.
 
-Only the home is checked, lexically (`..` resolved, symlinks not followed: this reader
-does no I/O). That is a policy, not the fence: the workspace's Podman runs as the
-tenant, so a symlink cannot reach anything the tenant could not read anyway."""
+Here the home is checked as written (`..` folded, no symlink followed: this reader does no
+I/O), so a source the text already puts outside the home is reported with the file's other
+problems. What a source really is, symlinks and `..` followed on the node's file system, is
+checked by homepath.py where the file is read and where the container is made."""
 
 from __future__ import annotations
 
