@@ -60,8 +60,7 @@ def parts(dc: DevContainer, image: str) -> dict:
             fail(f"{dc.config_path}: the {m.type} mount at {m.target} is not available yet: a workspace takes bind "
                  "mounts of folders in your home; use one of those instead", 2)
         mounts.append([m.source, m.target, m.read_only])
-    env = dict(dc.container_env)
-    env.update({k: v for k, v in dc.remote_env.items() if v is not None})
+    env = dc.environment()  # ${containerEnv:...} the member resolves from the image
     if dc.override_command is False:
         fail(f"{dc.config_path}: overrideCommand = false is not available yet: a workspace runs its lifecycle "
              "commands and then waits, never the image's own command; remove the key", 2)

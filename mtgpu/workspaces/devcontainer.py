@@ -39,7 +39,7 @@ from mtgpu.workspaces.sections import (
     parse_lifecycle,
     refused_security_keys,
 )
-from mtgpu.workspaces.variables import SubstitutionContext, substitute, substitute_string
+from mtgpu.workspaces.variables import SubstitutionContext, substitute, substitute_container_env, substitute_string
 
 CONFIG_LOCATIONS = (".devcontainer/devcontainer.json", ".devcontainer.json")
 CONTAINER_WORKSPACES_ROOT = "/workspaces"
@@ -94,6 +94,18 @@ class DevContainer:
     init: bool | None = None
     override_command: bool | None = None
     ignored_keys: tuple[str, ...] = ()
+
+    def environment(self) -> dict[str, str]:
+        """The workspace container's variables: containerEnv, then remoteEnv (set on the
+        container too, so exec sessions and lifecycle commands see them). In remoteEnv,
+        `${containerEnv:VAR}` of a containerEnv variable is resolved here; any other is left
+        for the member that creates the container, which reads the image's environment
+        (variables.resolve_container_env)."""
+        env = dict(self.container_env)
+        for k, v in self.remote_env.items():
+            if v is not None:
+                env[k] = substitute_container_env(v, self.container_env, keep_unknown=True)
+        return env
 
 
 def locate_devcontainer(path: str | os.PathLike[str]) -> tuple[str, str]:

@@ -48,6 +48,7 @@ from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, en
 from mtgpu.agent.runners.workspace import LABEL as WS_LABEL
 from mtgpu.agent.runners.workspace import WS_UID
 from mtgpu.model.gpu import VISIBILITY_VARS
+from mtgpu.workspaces.variables import has_container_env, image_env, resolve_container_env
 from mtgpu.workspaces.homepath import OutsideHome, checked_mounts, recheck_stored_sources
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ class ContainerRunner(NativeRunner):
             if ws.token_env:
                 ws_token = launch.ws_token or secrets.token_urlsafe(24)
                 inner[ws.token_env] = ws_token
+            if any(has_container_env(v) for _, v in ws.env):  # ${containerEnv:PATH}: the image's, here
+                inner = resolve_container_env(inner, self._image_env(tenant, staged[0] if staged else image, image))
         for k, v in inner.items():
             if "\n" in v or "\0" in v or "=" in k:
                 raise RunnerError(f"the environment variable {k} has a newline in its value; a container cannot get it")
@@ -290,6 +293,20 @@ class ContainerRunner(NativeRunner):
         if found is None:
             return None
         return found, found.gpus != gpus
+
+    def _image_env(self, tenant, ref: str, image: str) -> dict[str, str]:
+        """The image's own environment (Config.Env), what ${containerEnv:VAR} reads."""
+        try:
+            r = tenant.run(["image", "inspect", "--format", "{{json .Config.Env}}", ref], timeout_s=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RunnerError(f"the environment of image {image} could not be read: {e}") from e
+        if r.returncode == 0:
+            try:
+                return image_env(json.loads(r.stdout.decode() or "null"))
+            except ValueError:
+                pass
+        raise RunnerError(f"the environment of image {image} could not be read for ${{containerEnv:...}}: "
+                          + (last_error(r) or "no answer"))
 
     def _image_user(self, tenant, run_as: str, image: str, user: str) -> tuple[int, int]:
         """The uid and gid of `user` in the image: the tenant is mapped onto that user."""
