@@ -14,7 +14,7 @@ from mtgpu.workspaces.mounts import check_in_home, inside, parse_mount
 _ALLOWED = {
     "--shm-size": True, "--env": True, "--env-file": True, "--label": True, "--hostname": True,
     "--cap-drop": True, "--security-opt": True, "--init": False, "--workdir": True, "--tmpfs": True,
-    "--add-host": True, "--volume": True, "--mount": True, "--network": True, "--ipc": True,
+    "--add-host": True, "--volume": True, "--mount": True, "--network": True, "--ipc": True, "--cap-add": True,
 }
 _CANONICAL = {"-e": "--env", "-l": "--label", "-h": "--hostname", "-w": "--workdir", "-v": "--volume", "--net": "--network"}
 
@@ -25,7 +25,6 @@ _REFUSED = {
     "--device": "host devices are not given to workspaces; " + _GPU_FIX,
     "--device-cgroup-rule": "host devices are not given to workspaces; remove it",
     "--gpus": _GPU_FIX,
-    "--cap-add": "a workspace cannot gain capabilities; remove it (install what needs them in the image)",
     "--pid": "a workspace has its own process namespace; remove it",
     "--uts": "a workspace has its own hostname namespace; remove it (--hostname NAME is allowed)",
     "--userns": "the node maps your uid into the workspace itself; remove it (set remoteUser/containerUser)",
@@ -44,6 +43,25 @@ _REFUSED_FLAGS_ONLY = ("--privileged", "--rm", "--detach", "--publish-all")
 _REFUSED_SHORT = {"-u": "--user", "-m": "--memory", "-p": "--publish", "-P": "--publish-all", "-d": "--detach"}
 _NEW_PRIVS = ("no-new-privileges", "no-new-privileges:true", "no-new-privileges=true")
 _IPC_OK = ("private", "none", "shareable")
+# What a debugger needs, and all it gets: both act inside the tenant's own user namespace
+# (docs/WORKSPACES.md, "Debuggers"); test_devcontainer_templates shows they reach nothing outside it.
+CAPS_OK = ("SYS_PTRACE",)
+SECURITY_OPTS_OK = (*_NEW_PRIVS, "seccomp=unconfined", "seccomp:unconfined")
+
+
+def cap_refused(value: str) -> str | None:
+    """Why `--cap-add VALUE` (or a capAdd entry) is refused, or None (SYS_PTRACE only)."""
+    bad = [c for c in value.split(",") if c.strip().upper().removeprefix("CAP_") not in CAPS_OK]
+    if not bad:
+        return None
+    return (f"capability {', '.join(bad)} is refused: a workspace may add only {', '.join(CAPS_OK)} (for debuggers); "
+            "remove it (install what needs more in the image)")
+
+
+def security_opt_refused(value: str) -> str | None:
+    if value in SECURITY_OPTS_OK:
+        return None
+    return f"{value} is refused: only no-new-privileges and seccomp=unconfined (for debuggers) may be set; remove it"
 
 
 def _takes_value(flag: str, following: str | None) -> bool:
@@ -139,8 +157,10 @@ def _why_refused(flag: str, value: str | None, home: str, written: str) -> str |
             return f"{flag} takes no value"
         return None
     assert value is not None  # a flag that takes a value has one here
-    if flag == "--security-opt" and value not in _NEW_PRIVS:
-        return f"--security-opt={value} is refused: only no-new-privileges may be set; remove it"
+    if flag == "--security-opt" and security_opt_refused(value):
+        return f"--security-opt={security_opt_refused(value)}"
+    if flag == "--cap-add" and cap_refused(value):
+        return f"--cap-add {cap_refused(value)}"
     if flag == "--network" and value != "none":
         return f"--network={value} is refused: the node chooses the network ([CONTAINERS] network); --network=none is allowed"
     if flag == "--ipc" and value not in _IPC_OK:
