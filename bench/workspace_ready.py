@@ -9,8 +9,9 @@ alternating:
 - ready: the create request over the node's Unix socket with the Python client (what
   `mt-container create` sends; the CLI's own start-up is not counted), then the
   workspace is polled until its member has started its container, then `podman exec
-  NAME true` with the tenant's podman settings (POST /v1/podman/env, what `mt-container
-  exec` uses) is tried until it succeeds. Ready = that exec's end minus the moment just
+  NAME true` as `mt-container exec` runs it (a forked child has the node move it into the
+  workspace's cgroup, POST /v1/podman/env with `enter`, then execs podman) is tried until
+  it succeeds. Ready = that exec's end minus the moment just
   before the create request. Each workspace is removed (`rm`) and its container gone
   before the next one is created (not counted).
 - bare: `podman run -d --pull=never --userns=keep-id IMAGE sleep-loop` then `podman exec
@@ -60,6 +61,24 @@ def worker(socket_path: str, image: str, count: int) -> dict:
                                  f"{r.stderr.decode(errors='replace')[-800:]}")
             return r
 
+        def entered_exec(container: str) -> int:
+            """`podman exec CONTAINER true` as `mt-container exec` runs it: a child process
+            (forked, so no interpreter start-up is counted) has the node move it into the
+            workspace's cgroup (POST /v1/podman/env with `enter`), then execs podman."""
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    with LocalClient(socket_path, timeout_s=60) as own:
+                        if own.podman_env(enter=container).get("entered") is None:
+                            os._exit(3)
+                    null = os.open(os.devnull, os.O_RDWR)
+                    for fd in (0, 1, 2):
+                        os.dup2(null, fd)
+                    os.execve(podman, [podman, "exec", container, "true"], penv)
+                finally:
+                    os._exit(127)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
         def ours(tag: str) -> dict:
             t0 = time.time()
             name = c.create_workspace({"template": "plain", "name": tag})["name"]
@@ -74,7 +93,7 @@ def worker(socket_path: str, image: str, count: int) -> dict:
             t_started = time.time()
             container = ws["workspace"]["container"]
             tries = 0
-            while pod("exec", container, "true", check=False).returncode != 0:
+            while entered_exec(container) != 0:
                 tries += 1
                 if time.monotonic() > deadline:
                     raise SystemExit(f"workspace {name}: no command ran inside within {STEP_TIMEOUT_S:.0f} s")
