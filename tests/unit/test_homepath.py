@@ -12,7 +12,9 @@ import stat
 import pytest
 
 from mtgpu.workspaces.devcontainer import parse_devcontainer
-from mtgpu.workspaces.homepath import OutsideHome, mount_sources, resolve_in_home, resolved_source, source_problems
+from mtgpu.workspaces.homepath import (OutsideHome, checked_mounts, mount_sources, recheck_stored_sources, resolve_in_home,
+                                      resolved_source, source_problems)
+from mtgpu.workspaces.runargs import host_sources
 
 
 @pytest.fixture
@@ -142,3 +144,34 @@ def test_every_host_path_of_a_devcontainer_is_checked_naming_the_key_the_value_a
     assert gpus.message.startswith(f"bind source {home}/gpudir leaves your home through the symlink {home}/gpudir -> /dev;")
     assert "point the source at the real folder in your home" in gpus.message
     assert problems["runArgs[0]"].value == f"-v {home}/etcdir:/e"
+
+
+def test_run_args_name_every_host_path_podman_would_open():
+    args = ["--shm-size=1g", "-v", "/h/a:/a:ro", "--volume=named:/n", "-v", "/anonymous-in-container",
+            "--mount", "type=bind,source=/h/b,target=/b", "--mount=type=volume,source=v,target=/v",
+            "--env-file", "/h/.env", "-e", "X=/etc"]
+    assert host_sources(args) == [("runArgs[1]", "-v /h/a:/a:ro", "/h/a"),
+                                  ("runArgs[6]", "--mount type=bind,source=/h/b,target=/b", "/h/b"),
+                                  ("runArgs[9]", "--env-file /h/.env", "/h/.env")]
+
+
+def test_the_member_hands_podman_resolved_sources_and_names_the_mount_it_refuses(home):
+    (home / "link").symlink_to("data/sub")
+    assert checked_mounts([(f"{home}/link", "/w", True)], [], str(home)) == ((str(home / "data" / "sub"), "/w", True),)
+    (home / "out").symlink_to("/etc")
+    with pytest.raises(OutsideHome) as e:
+        checked_mounts([(f"{home}/data", "/d", False), (f"{home}/out", "/o", False)], [], str(home))
+    assert str(e.value).startswith(f"the mount of {home}/out at /o: bind source {home}/out leaves your home "
+                                   f"through the symlink {home}/out -> /etc; a workspace mounts only")
+    with pytest.raises(OutsideHome) as e:
+        checked_mounts([], ["-v", f"{home}/out:/o"], str(home))
+    assert str(e.value).startswith("runArgs[0] = '-v ") and f"host path {home}/out leaves your home" in str(e.value)
+
+
+def test_a_stopped_containers_stored_sources_are_checked_again_and_the_nodes_own_left_alone(home):
+    recheck_stored_sources(["/var/lib/mtgpu/jobs/1/entry", f"{home}/data", str(home)], str(home))
+    os.rename(home / "data", home / "data.old")
+    (home / "data").symlink_to("/dev")
+    with pytest.raises(OutsideHome) as e:
+        recheck_stored_sources(["/var/lib/mtgpu/jobs/1/entry", f"{home}/data"], str(home))
+    assert str(e.value).startswith(f"the container's mount of {home}/data: bind source {home}/data leaves your home")
