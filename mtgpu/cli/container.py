@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import time
 from typing import List, Optional
 
 import typer
@@ -19,9 +18,9 @@ from ..client.local import ClientError, LocalClient
 from .common import err, fail, out, print_fields, print_json, request
 from .joblog import FOLLOW, TAIL, print_log
 from .podman import tenant_podman
+from .workspace_wait import WorkspaceEnded, output_tail, view, wait_until_up
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-QUEUED_WAIT_S = 15.0
 SHELL = 'if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l'
 
 
@@ -62,22 +61,28 @@ def create(
             r = c.create_workspace(body)
             if r.get("warning"):
                 err.print(f"warning: {r['warning']}", markup=False)
-            ws = c.workspace(r["name"])
-            queued_until = time.monotonic() + QUEUED_WAIT_S  # then it stays queued, and says why
-            while wait and ws["state"] == "queued" and time.monotonic() < queued_until:
-                time.sleep(0.05)
-                ws = c.workspace(r["name"])
-            deadline = time.monotonic() + 900  # staging an image can take that long
-            while wait and ws["state"] == "running" and ws["workspace"]["container"] is None \
-                    and time.monotonic() < deadline:
-                time.sleep(0.05)
-                ws = c.workspace(r["name"])
+            _finish(c, view(c, r["name"], r["job_id"]), wait, json_out)
     except ClientError as e:
         fail(e)
+
+
+def _finish(c: LocalClient, ws: dict, wait: bool, json_out: bool) -> None:
+    """create and start alike: wait (cli/workspace_wait.py) unless --no-wait, print the
+    workspace; one that ended instead of running exits 1 with why."""
+    try:
+        if wait:
+            ws = wait_until_up(c, ws)
+    except WorkspaceEnded as e:
+        if json_out:
+            print_json(e.record)
+        tail = output_tail(c, e.record["id"])
+        fail(f"workspace {e.name} (job {e.record['id']}) could not start: it is {e.record['state']}"
+             + (f" ({e.record['reason']})" if e.record.get("reason") else "")
+             + (f"; its output ends with:\n{tail}" if tail else ""), 1)
     if json_out:
         print_json(ws)
-        return
-    _print_summary(ws)
+    else:
+        _print_summary(ws)
 
 
 def _print_summary(ws: dict) -> None:
@@ -158,9 +163,15 @@ def stop(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
-def start(name: str, json_out: bool = typer.Option(False, "--json")) -> None:
-    """Start a stopped workspace again, on the member that keeps its container."""
-    _action(name, "start", json_out)
+def start(name: str,
+          wait: bool = typer.Option(True, "--wait/--no-wait", help="wait until it runs (or says why it cannot yet)"),
+          json_out: bool = typer.Option(False, "--json")) -> None:
+    """Start a stopped workspace again, on the member that keeps its container (waiting as create does)."""
+    try:
+        with _client() as c:
+            _finish(c, c.workspace_action(name, "start"), wait, json_out)
+    except ClientError as e:
+        fail(e)
 
 
 @app.command()

@@ -1,0 +1,125 @@
+"""How `mt-container create` and `start` wait for a workspace, the same way both: until it
+runs (its container up), until it has stayed queued QUEUED_WAIT_S (it keeps its place and
+says why: not a failure), or until it has ended, which is a failure (exit 1, with its
+reason and the end of its output).
+
+"Up" is podman's word where the workspace runs on this member: its container running at
+two looks SETTLE_S apart, with the same start time (a container whose command is not there
+runs for a moment, then exits). On another member, whose podman this one cannot ask, a
+workspace not stopped REMOTE_SETTLE_S after its container was recorded counts as up (one
+that fails later shows it in `mt-container show`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Callable
+
+from ..client.errors import ClientError
+from ..client.local import LocalClient
+from ..client.logs import copy_log
+from .podman import tenant_podman
+
+QUEUED_WAIT_S = 15.0  # then it stays queued, and says why
+STAGING_WAIT_S = 900.0  # staging an image (fetched from another member, loaded) can take that long
+UP_WAIT_S = 300.0  # from its container being recorded to podman running it (a loaded machine)
+SETTLE_S = 2.0
+REMOTE_SETTLE_S = 5.0
+POLL_S = 0.1
+
+
+class WorkspaceEnded(Exception):
+    """The workspace stopped or ended instead of running: `record` is its view (stopped) or
+    its job's final record (ended), with its id, state and reason."""
+
+    def __init__(self, name: str, record: dict) -> None:
+        super().__init__(record.get("reason") or record.get("state"))
+        self.name = name
+        self.record = record
+
+
+def view(c: LocalClient, name: str, job_id: int) -> dict:
+    """The workspace as `show` gives it; WorkspaceEnded when it has ended (an ended
+    workspace is no longer listed: its job's record says why)."""
+    try:
+        return c.workspace(name)
+    except ClientError as e:
+        if e.status != 404:
+            raise
+    job = c.job(job_id)
+    if job.get("state") in ("queued", "running", "stopped"):  # listed again by the next look
+        return c.workspace(name)
+    raise WorkspaceEnded(name, job)
+
+
+def wait_until_up(c: LocalClient, ws: dict, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """`ws` (a workspace's view, just created or started) once it runs, or as it is when it
+    stays queued or staging past the waits; WorkspaceEnded when it stopped (its container
+    exited: the member stops a workspace whose command ends) or ended instead."""
+    name, job_id = ws["workspace"]["name"], ws["id"]
+    ws = _running_or_waiting(c, ws, name, job_id, sleep)
+    if ws["state"] == "stopped":
+        raise WorkspaceEnded(name, ws)
+    return ws
+
+
+def _running_or_waiting(c: LocalClient, ws: dict, name: str, job_id: int, sleep: Callable[[float], None]) -> dict:
+    until = time.monotonic() + QUEUED_WAIT_S
+    while ws["state"] == "queued" and time.monotonic() < until:
+        sleep(POLL_S)
+        ws = view(c, name, job_id)
+    until = time.monotonic() + STAGING_WAIT_S
+    while ws["state"] == "running" and not ws["workspace"]["container"] and time.monotonic() < until:
+        sleep(POLL_S)
+        ws = view(c, name, job_id)
+    if ws["state"] != "running" or not ws["workspace"]["container"]:
+        return ws
+    here = c.health()["node"] == ws["workspace"]["node"]
+    recorded_at = time.monotonic()
+    seen: str | None = None  # the start time of the container seen running at the last look
+    seen_at = 0.0
+    until = recorded_at + UP_WAIT_S
+    while time.monotonic() < until:
+        ws = view(c, name, job_id)
+        if ws["state"] != "running":
+            return ws
+        status = container_status(c, ws["workspace"]["container"]) if here else None
+        now = time.monotonic()
+        if status is None:  # not ours to ask (another member), or podman cannot say: the job's state decides
+            if now - recorded_at >= REMOTE_SETTLE_S:
+                return ws
+        elif status[0] == "running":
+            if seen != status[1]:
+                seen, seen_at = status[1], now
+            elif now - seen_at >= SETTLE_S:
+                return ws
+        else:
+            seen = None
+        sleep(POLL_S * 5)
+    return ws
+
+
+def container_status(c: LocalClient, container: str) -> tuple[str, str] | None:
+    """(status, started at) of `container` in the caller's podman store on this member;
+    None when podman cannot be asked."""
+    try:
+        podman, env = tenant_podman(c.podman_env())
+        r = subprocess.run([podman, "container", "inspect", "--format", "{{.State.Status}} {{.State.StartedAt}}",
+                            container], env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    except (ClientError, OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return ("missing", "")  # not made yet (podman run is starting it)
+    status, _, started = r.stdout.strip().partition(" ")
+    return status, started
+
+
+def output_tail(c: LocalClient, job_id: int, lines: int = 5) -> str:
+    """The last lines of the workspace's output (its command's, its lifecycle commands'), or ""."""
+    got: list[bytes] = []
+    try:
+        copy_log(c, job_id, got.append, follow=False, tail=lines, notice=lambda _text: None)
+    except (ClientError, OSError):
+        return ""
+    return b"".join(got).decode(errors="replace").rstrip()
