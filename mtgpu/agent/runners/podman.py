@@ -137,7 +137,7 @@ class ContainerRunner(NativeRunner):
                 ws_token = launch.ws_token or secrets.token_urlsafe(24)
                 inner[ws.token_env] = ws_token
             if any(has_container_env(v) for _, v in ws.env):  # ${containerEnv:PATH}: the image's, here
-                inner = resolve_container_env(inner, self._image_env(tenant, staged[0] if staged else image, image))
+                inner = resolve_container_env(inner, self._image_env(tenant, staged[1] if staged else image, image))
         for k, v in inner.items():
             if "\n" in v or "\0" in v or "=" in k:
                 raise RunnerError(f"the environment variable {k} has a newline in its value; a container cannot get it")
