@@ -176,7 +176,9 @@ class ContainerRunner(NativeRunner):
             self._guard(launch, ports)
             self._write_owned(files / "entry", entry_script(ws), launch, 0o500)
             uid, gid = self._image_user(tenant, run_as, image, ws.user) if ws.user else (WS_UID, WS_UID)
-            argv = [PODMAN, "run", "--init", "--pull=never", f"--userns=keep-id:uid={uid},gid={gid}",
+            # root inside is the tenant itself: the rootless default mapping (keep-id onto uid 0 fails in runc)
+            userns = f"--userns=keep-id:uid={uid},gid={gid}" if uid else "--userns="
+            argv = [PODMAN, "run", "--init", "--pull=never", userns,
                     "--user", f"{uid}:{gid}", "--name", name,
                     "--label", f"{WS_LABEL}={launch.job_id}", "--label", f"{GPUS_LABEL}={gpus_label(launch.gpu_indices)}",
                     *[a for k, v in ws.labels for a in ("--label", f"{k}={v}")], *publish_args(ports)]
