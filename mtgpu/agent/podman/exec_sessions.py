@@ -56,18 +56,26 @@ class ExecSessions:
 
     def __init__(self) -> None:
         self._quiet: dict[str, set[str]] = {}
+        self._last: dict[str, int] = {}
 
     def count(self, tenant: TenantPodman, container: str) -> int:
         """Attached sessions of `container` (a name) now; dead ones are removed on the way.
-        0 when podman cannot tell (the sample then shows no session)."""
+        When podman cannot tell (a timeout on a loaded machine), the last count: a shell
+        open in it is not taken for none by one failed look."""
         try:
             r = tenant.run(["container", "inspect", "--format", "{{.ID}}{{range .ExecIDs}} {{.}}{{end}}", container],
                            timeout_s=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return 0
-        words = r.stdout.decode(errors="replace").split() if r.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.info("container %s: its exec sessions could not be read (%s); the last count stands", container, e)
+            return self._last.get(container, 0)
+        if r.returncode != 0:
+            log.info("container %s: its exec sessions could not be read (%s); the last count stands", container,
+                     last_error(r))
+            return self._last.get(container, 0)
+        words = r.stdout.decode(errors="replace").split()
         if not words:
             self._quiet.pop(container, None)
+            self._last[container] = 0
             return 0
         cid, ids = words[0], words[1:]
         active, dead, quiet = split_sessions(ids, live_sessions(cid) if ids else set(),
@@ -76,6 +84,7 @@ class ExecSessions:
             if not self._remove(tenant, container, session):
                 active.append(session)  # it runs after all (podman refused to remove it)
         self._quiet[container] = quiet
+        self._last[container] = len(active)
         return len(active)
 
     @staticmethod
