@@ -97,7 +97,7 @@ OPEN_ALL = "for f in {folder}/gpu0 {folder}/gpu1 {folder}/stray; do cat $f 2>&1 
 
 def _job_and_exec(node, user, image, copies, *gpus: str) -> tuple[dict, str, str]:
     """A container job that prints what it opens, then waits while `mt-podman exec` into
-    its container does the same: (the job, its log, the exec's output)."""
+    its container, by name and by id, does the same: (the job, its log, the two execs' output)."""
     flag = Path(user.home) / "go-devices"
     script = f"{OPEN_ALL.format(folder=copies)}\necho opened\nwhile [ ! -e {flag} ]; do sleep 0.1; done\n"
     jid = node.submit_json(user, "--container", image, *gpus, "--wrap", script)["job_id"]
@@ -108,26 +108,30 @@ def _job_and_exec(node, user, image, copies, *gpus: str) -> tuple[dict, str, str
             node, user, "ps", "--filter", f"label=mtgpu.job={jid}", "--format", "{{.Names}}").stdout.strip(),
             timeout_s=30, interval_s=0.2)
         r = mt_podman(node, user, "exec", "-e", "X=1", name, "sh", "-c", OPEN_ALL.format(folder=copies))
+        cid = mt_podman(node, user, "inspect", "--format", "{{.Id}}", name).stdout.strip()[:12]
+        by_id = mt_podman(node, user, "exec", cid, "sh", "-c", OPEN_ALL.format(folder=copies))  # as VS Code does
     finally:
         flag.touch()
     job = node.wait_state(jid, {"completed", "failed"}, timeout_s=60)
     flag.unlink()
     assert job["state"] == "completed", job["reason"]
-    return job, node.mt_job(user, "logs", str(jid)).stdout, r.stdout + r.stderr
+    return job, node.mt_job(user, "logs", str(jid)).stdout, r.stdout + r.stderr, by_id.stdout + by_id.stderr
 
 
 def test_a_container_job_and_an_exec_into_it_open_its_own_gpu_and_are_denied_the_other(dnode, alice, image, copies):
-    job, main, execd = _job_and_exec(dnode, alice, image, copies, "--gpus", "1")
+    job, main, execd, by_id = _job_and_exec(dnode, alice, image, copies, "--gpus", "1")
     mine = job["gpus"][0]["index"]
     assert opens(main) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, main
     assert opens(execd) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, execd
+    assert opens(by_id) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, by_id
     assert job["enforced"]["devices"].startswith("cgroup-") and "nodes allowed" in job["enforced"]["devices"], job["enforced"]
 
 
 def test_a_container_job_with_no_gpu_and_an_exec_into_it_open_no_gpu_node(dnode, alice, image, copies):
-    job, main, execd = _job_and_exec(dnode, alice, image, copies)
+    job, main, execd, by_id = _job_and_exec(dnode, alice, image, copies)
     assert opens(main) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, main
     assert opens(execd) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, execd
+    assert opens(by_id) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, by_id
 
 
 def test_a_workspace_and_every_exec_into_it_open_its_own_gpu_and_are_denied_the_other(dnode, alice, copies):

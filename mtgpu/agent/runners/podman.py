@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import secrets
 import shutil
 import subprocess
@@ -343,10 +344,20 @@ class ContainerRunner(NativeRunner):
         the running job or workspace whose container is `name`, so that the exec session
         opens that job's GPUs and no other (cgroups.enter); returns the job's id, or None
         when `name` is no running container of this tenant's here. Raises RunnerError when
-        it could not be moved: the session must not run unfenced."""
-        for job_id, run in list(self._runs.items()):
-            c = run.state.get("container") or {}
-            if c.get("name") != name or c.get("uid") != uid or run.exit is not None:
+        it could not be moved: the session must not run unfenced. A container id (VS Code
+        execs by id) is read back to its name with the tenant's podman first."""
+        mine = {job_id: run.state["container"] for job_id, run in list(self._runs.items())
+                if (run.state.get("container") or {}).get("uid") == uid and run.exit is None}
+        if name not in {c.get("name") for c in mine.values()} and re.fullmatch(r"[0-9a-f]{3,64}", name) and mine:
+            c = next(iter(mine.values()))
+            try:
+                r = self.podman.tenant(uid, c["gid"], c["home"]).run(
+                    ["container", "inspect", "--format", "{{.Name}}", name], timeout_s=30)
+                name = r.stdout.decode(errors="replace").strip().lstrip("/") if r.returncode == 0 else name
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        for job_id, c in mine.items():
+            if c.get("name") != name:
                 continue
             try:
                 self.cgroups.enter(job_id, pid)
