@@ -118,3 +118,52 @@ def test_a_folder_swapped_for_a_symlink_after_create_is_refused_when_the_contain
     r = wnode.run_cli("mtgpu.cli.podman", alice, "ps", "--filter", "status=running", "--format", "{{.Names}}")
     assert ws["workspace"]["container"] not in r.stdout.split(), "the container ran with the swapped mount"
     assert mtc(wnode, alice, "rm", "swap").returncode == 0
+
+
+def _cgroup_of(pid: int, controller: str = "devices") -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(",") or (not names and controller == "unified"):
+            return path
+    return ""
+
+
+def test_what_runc_mounted_is_checked_before_the_container_runs(wnode, alice, image):
+    """runc looks a source up again after the member's check, in the tenant's rootless mount
+    namespace: there the tenant mounts the GPUs' device folder over a plain folder of its home
+    (what a folder swapped for a symlink between the check and runc's mount gives, but at a
+    moment the test controls). Every check on the member's file system passes (a plain
+    folder); the container is made, mounted by runc, checked by its mount's inode, and
+    refused before anything of it runs. Without the mount, the same workspace runs, its
+    conmon and first process in the job's cgroup, as with `podman run` under the shim."""
+    home = Path(alice.home)
+    (home / "plain").mkdir()
+    (home / "plain" / "mine").write_text("the home's folder\n")
+    _owned(alice, home / "plain", home / "plain" / "mine")
+    project = _project(alice, "over", {"image": image, "mounts": ["source=${localEnv:HOME}/plain,target=/p,type=bind"]})
+    r = wnode.run_cli("mtgpu.cli.podman", alice, "unshare", "mount", "--bind", "/dev/mtgpu", str(home / "plain"))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    try:
+        r = wnode.run_cli("mtgpu.cli.podman", alice, "unshare", "ls", str(home / "plain"))
+        assert "mine" not in r.stdout.split(), ("the tenant's mount did not cover the folder", r.stdout)
+        r = mtc(wnode, alice, "create", "--devcontainer", str(project), "--name", "over")
+        assert r.returncode != 0, ("the workspace ran with the GPUs' folder at /p", r.stdout, r.stderr)
+        shown = r.stdout + r.stderr
+        assert f"the container's mount of {home}/plain at /p is not {home}/plain: runc mounted devtmpfs" in shown, shown
+        assert "mounted over in your own namespace" in shown, shown
+        r = wnode.run_cli("mtgpu.cli.podman", alice, "ps", "-a", "--format", "{{.Names}} {{.Status}}")
+        assert "over" not in r.stdout and not any("Up" in line for line in r.stdout.splitlines()), r.stdout
+        assert mtc(wnode, alice, "rm", "over").returncode == 0
+    finally:
+        wnode.run_cli("mtgpu.cli.podman", alice, "unshare", "umount", str(home / "plain"))
+    mtc_json(wnode, alice, "create", "--devcontainer", str(project), "--name", "over2")
+    ws = running(wnode, alice, "over2")
+    r = mtc(wnode, alice, "exec", "over2", "--", "cat", "/p/mine")
+    assert r.returncode == 0 and r.stdout == "the home's folder\n", (r.stdout, r.stderr)
+    name = ws["workspace"]["container"]
+    r = wnode.run_cli("mtgpu.cli.podman", alice, "inspect", "--format", "{{.State.Pid}} {{.State.ConmonPid}}", name)
+    pids = [int(x) for x in r.stdout.split()]
+    assert len(pids) == 2 and all(pids), r.stdout
+    for pid in pids:  # born in the job's cgroup, under its device fence
+        assert _cgroup_of(pid).rstrip("/").split("/")[-1].startswith(f"job-{ws['id']}"), (pid, _cgroup_of(pid))
+    assert mtc(wnode, alice, "rm", "over2").returncode == 0

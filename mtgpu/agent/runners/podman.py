@@ -51,6 +51,8 @@ from mtgpu.agent.runners.workspace import WS_UID
 from mtgpu.model.gpu import VISIBILITY_VARS
 from mtgpu.workspaces.variables import has_container_env, image_env, resolve_container_env
 from mtgpu.workspaces.homepath import OutsideHome, checked_mounts, recheck_stored_sources
+from mtgpu.workspaces.runargs import host_sources
+from mtgpu.agent.podman.bindcheck import Bind, BindMismatch, check_binds
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,8 @@ class ContainerRunner(NativeRunner):
             # Made for these GPUs before: start it again as it is (its layer, its ports).
             name, ports = workspace_container(launch.job_id), existing[0].ports
             self._recheck_mounts(tenant, name, launch.home)
+            if _tenant_binds(ws):  # what runc mounts at this start, checked before it runs
+                self._init_checked(tenant, launch, name, penv, files, made_now=False)
             self._guard(launch, ports)
             state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
             enforced["container_limits"] = "the job's cgroup around the container"
@@ -228,6 +232,12 @@ class ContainerRunner(NativeRunner):
             limits = "podman (cgroup v2) and the job's cgroup"
         if ws is not None:
             argv += [*ws.run_args, run_as, "/bin/sh", ENTRY_MOUNT, *ws.command]
+            if _tenant_binds(ws):  # made and mounted, checked, then started: no window between check and mount
+                self._create(tenant, launch, name, argv, penv)
+                self._init_checked(tenant, launch, name, penv, files, made_now=True)
+                enforced["container_limits"] = limits
+                return Command([PODMAN, "start", "--attach", name], penv, script_arg=False, state=state,
+                               rlimit_as_ok=False)
         elif launch.script.startswith("#!"):
             argv += [run_as, *_interpreter(launch.script), SCRIPT_MOUNT]
         else:  # bash when the image has it (as natively), else its sh
@@ -266,6 +276,62 @@ class ContainerRunner(NativeRunner):
             raise RunnerError(str(e)) from None
         except (OSError, ValueError, subprocess.TimeoutExpired) as e:
             raise RunnerError(f"workspace container {name}: its mounts could not be read to check them: {e}") from e
+
+    def _create(self, tenant, launch: Launch, name: str, argv: list[str], penv: dict[str, str]) -> None:
+        """`podman create` of what `argv` (a `podman run`) would run."""
+        r = subprocess.run([PODMAN, "create", *argv[2:]], env=penv, user=launch.uid, group=launch.gid,
+                           extra_groups=list(launch.extra_gids), cwd="/", capture_output=True, timeout=300)
+        if r.returncode != 0:
+            raise RunnerError(f"podman could not create the container {name}: {last_error(r) or 'no answer'}")
+
+    def _init_checked(self, tenant, launch: Launch, name: str, penv: dict[str, str], files: Path, *,
+                      made_now: bool) -> None:
+        """`podman init` in the job's cgroup (conmon and the waiting first process are born
+        there, under the job's device fence, as with `podman run` under the shim), then every
+        bind mount runc made is checked against its source (bindcheck.py) before anything of
+        the container runs. Refused: the container is removed (made now) or stopped again
+        (a workspace's kept container), and RunnerError names the mount."""
+        def undo() -> None:
+            if made_now:
+                tenant.run(["rm", "--force", "--ignore", "--time", "0", name], timeout_s=60)
+                return
+            r = tenant.run(["stop", "--time", "0", name], timeout_s=60)
+            if r.returncode != 0:  # never left initialized with a mount that was refused
+                tenant.run(["rm", "--force", "--ignore", "--time", "0", name], timeout_s=60)
+
+        # the gate: moved into the job's cgroup before it execs podman
+        p = subprocess.Popen(["/bin/sh", "-c", 'read -r _ || exit 1; exec "$0" "$@"', PODMAN, "init", name],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=penv,
+                             user=launch.uid, group=launch.gid, extra_groups=list(launch.extra_gids), cwd="/")
+        try:
+            if self.cgroups.get(launch.job_id) is not None:
+                self.cgroups.enter(launch.job_id, p.pid)
+            out, err = p.communicate(b"go\n", timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            p.kill()
+            p.wait()
+            undo()
+            raise RunnerError(f"container {name}: podman init could not run in job {launch.job_id}'s cgroup "
+                              f"({getattr(e, 'strerror', None) or e}), so it would not be fenced") from None
+        if p.returncode != 0:
+            r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+            undo()
+            raise RunnerError(f"podman could not prepare the container {name}: {last_error(r) or 'no answer'}")
+        try:
+            r = tenant.run(["container", "inspect", "--format", "{{.State.Pid}} {{json .Mounts}}", name], timeout_s=60)
+            pid_text, _, mounts_json = r.stdout.decode().strip().partition(" ")
+            pid = int(pid_text)
+            binds = [Bind(m.get("Source", ""), m.get("Destination", "")) for m in json.loads(mounts_json or "[]") or ()
+                     if m.get("Type") == "bind"]
+            if self.cgroups.get(launch.job_id) is not None and pid not in self.cgroups.pids(launch.job_id):
+                raise BindMismatch(f"its first process {pid} is not in job {launch.job_id}'s cgroup")
+            check_binds(pid, binds, launch.home, str(files))
+        except (OutsideHome, BindMismatch) as e:
+            undo()
+            raise RunnerError(str(e)) from None
+        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+            undo()
+            raise RunnerError(f"container {name}: its mounts could not be checked before it starts: {e}") from None
 
     def _guard(self, launch: Launch, ports: dict[int, int]) -> None:
         """Only the tenant (and root) may connect to these ports, from before they are published."""
@@ -493,6 +559,11 @@ class ContainerRunner(NativeRunner):
 
     def active_tokens(self) -> set[str]:
         return {r.state.get("run_token", "") for r in self._runs.values()}
+
+
+def _tenant_binds(ws) -> bool:
+    """Whether a workspace mounts host paths of its tenant's (mounts, runArgs)."""
+    return bool(ws.mounts) or bool(host_sources(list(ws.run_args)))
 
 
 def _podman_error_in_log(job_dir: Path) -> str:

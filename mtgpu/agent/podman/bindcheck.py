@@ -1,0 +1,132 @@
+"""What runc really mounted, checked before the tenant's process runs (docs/ISOLATION.md,
+"Bind mounts of workspaces").
+
+The member checks a workspace's bind sources on its own file system before podman runs
+(workspaces/homepath.py), but runc looks the source up again, later and in the tenant's
+rootless mount namespace: a folder swapped for a symlink in between, or a mount the tenant
+made in its own namespace over a plain folder of its home, would be what the container
+gets. So a container with tenant binds is made in steps: `podman create`, `podman init`
+(runc has made every mount; the container's first process waits, nothing of the image has
+run), then this check, then `podman start`. For each bind mount the container holds, the
+inode at its target, walked from the waiting process's own root (/proc/PID/root, in the
+container's mount namespace, no symlink followed), must be the very inode its source
+resolves to on the member's file system: inside the home for the tenant's sources
+(resolve_in_home, as at every check), a regular file for the node's own files in the
+tenant-owned job folder, the path itself for the node's other sources. Anything else
+names the mount, what runc mounted there (its file system and path, from mountinfo) and
+the fix, and the container does not start.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mtgpu.workspaces.homepath import OutsideHome, resolve_in_home
+
+_FIX = ("point the source at a real folder of your home (a symlink or a mount swapped in while the "
+        "container was made is not followed)")
+
+
+class BindMismatch(ValueError):
+    """A bind mount whose target is not the inode its source names; the message says which."""
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: str
+    target: str
+
+
+def _below(path: str, top: str) -> bool:
+    top = top.rstrip("/") + "/"
+    return path == top[:-1] or path.startswith(top)
+
+
+def _mounted(root_fd: int, target: str) -> os.stat_result:
+    """The inode at `target` as the container sees it: each component opened from the
+    container's root without following a symlink (a symlink in the image's path is refused,
+    never followed out of the container)."""
+    fd = os.dup(root_fd)
+    try:
+        for name in (p for p in target.split("/") if p not in ("", ".")):
+            if name == "..":
+                raise BindMismatch(f"the target {target} has '..'")
+            try:
+                nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                raise BindMismatch(f"its target {target} cannot be walked in the container ({e.strerror})") from None
+            os.close(fd)
+            fd = nxt
+            st = os.fstat(fd)
+            if stat.S_ISLNK(st.st_mode):
+                raise BindMismatch(f"its target {target} goes through a symlink of the image ({name}); "
+                                   "mount at a real folder of the image")
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def _expected(source: str, home: str, node_files: str | None) -> os.stat_result:
+    """The inode the source names, resolved as the member resolves it."""
+    homes = (home, os.path.realpath(home))
+    if any(_below(source, h) for h in homes):
+        with resolve_in_home(source, home) as p:  # OutsideHome when it leaves the home now
+            return os.fstat(p.fd)
+    if node_files is not None and _below(source, node_files):  # the tenant owns this folder: no link taken
+        st = os.lstat(source)
+        if not stat.S_ISREG(st.st_mode):
+            raise BindMismatch(f"the node's file {source} is no longer a regular file")
+        return st
+    return os.stat(source)
+
+
+def _what(pid: int, target: str) -> str:
+    """What mountinfo says is mounted at `target` in the container: 'FSTYPE ROOT (DEV)'."""
+    found = ""
+    try:
+        with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, tail = left.split(), right.split()
+                if len(fields) >= 5 and tail and _unescape(fields[4]) == (target.rstrip("/") or "/"):
+                    found = f"{tail[0]} {_unescape(fields[3])} (device {fields[2]})"  # the last: the top one
+    except OSError:
+        pass
+    return found or "something else"
+
+
+def _unescape(s: str) -> str:
+    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def check_binds(pid: int, binds: Iterable[Bind], home: str, node_files: str | None = None) -> None:
+    """Raise BindMismatch (or OutsideHome) unless every bind of the container whose first
+    process is `pid` (waiting, after `podman init`) mounts at its target the inode its
+    source resolves to (see the module's text)."""
+    root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for b in binds:
+            try:
+                want = _expected(b.source, home, node_files)
+                got = _mounted(root_fd, b.target)
+            except OutsideHome as e:
+                raise OutsideHome(f"the container's mount of {b.source} at {b.target}: bind source {b.source} {e}; "
+                                  f"{_FIX}") from None
+            except BindMismatch as e:
+                raise BindMismatch(f"the container's mount of {b.source} at {b.target}: {e}; {_FIX}") from None
+            except OSError as e:
+                raise BindMismatch(f"the container's mount of {b.source} at {b.target} could not be checked "
+                                   f"({e.strerror or e}); {_FIX}") from None
+            if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
+                raise BindMismatch(
+                    f"the container's mount of {b.source} at {b.target} is not {b.source}: runc mounted "
+                    f"{_what(pid, b.target)} there (the source was swapped, or mounted over in your own "
+                    f"namespace, after it was checked); {_FIX}")
+    finally:
+        os.close(root_fd)
+
+
+__all__ = ["Bind", "BindMismatch", "check_binds"]
