@@ -378,6 +378,38 @@ def test_with_allow_user_images_a_tenants_own_image_runs_and_a_missing_one_is_re
         assert r.returncode == 2 and "localhost/not-there:1" in r.stderr and "own store" in r.stderr, r.stderr
 
 
+def test_a_tenants_own_image_is_looked_for_on_the_member_taking_the_request_and_the_job_pinned_there(alice, base):
+    """Stores are per member: m0 holds the image, so a job submitted there runs there (and
+    says so, m1 allowing tenants' images too); submitted on m1 it is refused naming m1,
+    unless it names server=m0, which m1 cannot check (it runs on m0)."""
+    conf = {"CONTAINERS": {"enabled": True, "allow_user_images": True}}
+    with running_cluster(2, settings=[conf, conf], gpus=[[], []]) as cl:
+        m0, m1 = cl.members
+
+        def both_registered(m):
+            with m.client() as c:
+                nodes = c.nodes()
+            return len(nodes) == 2 and all((n.get("containers") or {}).get("user_images") for n in nodes)
+        for m in (m0, m1):
+            wait_for("both members' containers in its view", lambda m=m: both_registered(m), timeout_s=60)
+        rootfs = busybox_rootfs(base / "rootfs")
+        tar = base / "own.tar"
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
+        os.chmod(tar, 0o644)
+        assert mt_podman(m0, alice, "import", str(tar), "localhost/on-m0:1").returncode == 0
+        r = m0.mt_job(alice, "submit", "--json", "--container", "localhost/on-m0:1", "--wrap", "echo on $MTGPU_NODE")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "your own image, in your store on m0: the job runs there" in r.stderr, r.stderr
+        job = m0.wait_state(json.loads(r.stdout)["job_id"], {"completed", "failed"}, timeout_s=120)
+        assert job["state"] == "completed" and job["spec"]["server"] == "m0", job
+        r = m1.mt_job(alice, "submit", "--container", "localhost/on-m0:1", "--wrap", "true")
+        assert r.returncode == 2 and "own store on m1" in r.stderr and "server=MEMBER" in r.stderr, r.stderr
+        jid = m1.submit_json(alice, "--container", "localhost/on-m0:1", "--server", "m0", "--wrap",
+                             "echo on $MTGPU_NODE")["job_id"]
+        job = m1.wait_state(jid, {"completed", "failed"}, timeout_s=120)
+        assert job["state"] == "completed" and "on m0" in log_of(m0, alice, jid), job["reason"]
+
+
 def test_a_tenant_cannot_put_its_own_content_under_a_staged_images_name(cnode, bob, image):
     """allow_user_images = false holds: a job in a staged image runs it by its id, so a
     tenant that commits other content under the same name in its own store still gets

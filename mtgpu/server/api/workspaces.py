@@ -108,7 +108,8 @@ class WorkspaceService:
         spec = replace(spec, name=name, container=image, workspace=ws, time_limit_s=None, workdir=home,
                        script="# a workspace (mt-container): its container runs its command\n")
         r = await self.service.submit_spec(caller, spec, what="workspace")
-        return {"name": name, "job_id": r["job_id"], **({"warning": r["warning"]} if "warning" in r else {})}
+        warnings = [w for w in (r.get("warning"), *r.get("warnings", ())) if w]  # the disk quota; an own image pinned
+        return {"name": name, "job_id": r["job_id"], **({"warning": "; ".join(warnings)} if warnings else {})}
 
     def _templates_hint(self) -> str:
         names = sorted(self.config.CONTAINERS.templates)
