@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,60 @@ def test_what_runc_mounted_is_checked_before_the_container_runs(wnode, alice, im
     for pid in pids:  # born in the job's cgroup, under its device fence
         assert _cgroup_of(pid).rstrip("/").split("/")[-1].startswith(f"job-{ws['id']}"), (pid, _cgroup_of(pid))
     assert mtc(wnode, alice, "rm", "over2").returncode == 0
+
+
+_SWAPPER = """
+import os, sys, time
+home, stop = sys.argv[1], sys.argv[2]
+os.chdir(home)
+end = time.monotonic() + 600
+while not os.path.exists(stop) and time.monotonic() < end:
+    os.rename("work", "work.dir"); os.rename("work.link", "work")  # ~/work: a symlink to the GPUs' folder
+    time.sleep(0.002)
+    os.rename("work", "work.link"); os.rename("work.dir", "work")  # ~/work: the home's folder again
+    time.sleep(0.002)
+"""
+
+
+def test_a_folder_swapped_in_a_loop_never_reaches_the_container(wnode, alice, image):
+    """A second process of the tenant's swaps ~/work between its folder and a symlink to the
+    GPUs' device folder, every few milliseconds, while the workspace is started again and
+    again: whatever moment the swap hits (before the member's check, between it and runc's
+    mount, after), a container that runs has the home's folder at /w, never the device
+    folder; the others are refused or fail, and are stopped."""
+    home = Path(alice.home)
+    (home / "work").mkdir()
+    (home / "work" / "mine").write_text("the home's folder\n")
+    (home / "work.link").symlink_to("/dev/mtgpu")
+    _owned(alice, home / "work", home / "work" / "mine", home / "work.link")
+    project = _project(alice, "loop", {"image": image, "mounts": ["source=${localEnv:HOME}/work,target=/w,type=bind"]})
+    mtc_json(wnode, alice, "create", "--devcontainer", str(project), "--name", "loop")
+    running(wnode, alice, "loop")
+    assert mtc_json(wnode, alice, "stop", "loop")["state"] == "stopped"
+    stop_file = home / "swapper.stop"
+    swapper = subprocess.Popen([sys.executable, "-c", _SWAPPER, str(home), str(stop_file)], user=alice.uid,
+                               group=alice.gid, extra_groups=[], cwd="/", stderr=subprocess.PIPE)
+    outcomes = []
+    try:
+        for _ in range(10):
+            r = mtc(wnode, alice, "start", "loop")
+            if r.returncode != 0:
+                why = (r.stdout + r.stderr).strip()
+                outcomes.append("refused by the mount check" if "runc mounted" in why else
+                                "refused before podman" if "leaves your home" in why else f"failed: {why[-200:]}")
+                continue
+            seen = mtc(wnode, alice, "exec", "loop", "--", "ls", "/w")
+            outcomes.append(f"ran, /w: {seen.stdout.split()}")
+            assert seen.returncode == 0 and seen.stdout.split() == ["mine"], ("the container saw", seen.stdout, outcomes)
+            assert mtc_json(wnode, alice, "stop", "loop")["state"] == "stopped"
+    finally:
+        stop_file.touch()
+        try:
+            swapper.wait(timeout=30)
+        finally:
+            if swapper.poll() is None:
+                swapper.kill()
+                swapper.wait()
+    assert swapper.returncode == 0, swapper.stderr.read()
+    print(outcomes)
+    assert mtc(wnode, alice, "rm", "loop").returncode == 0
