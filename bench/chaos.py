@@ -78,6 +78,7 @@ class Faults(threading.Thread):
         self.faulted: set[str] = set()  # members killed or frozen right now
         self.lock = threading.Lock()
         self.log: list[tuple[float, str, str]] = []
+        self.restarts: list[tuple[str, float]] = []  # (member, seconds from its start until it answered)
 
     def run(self) -> None:
         from tests.support.cluster import member_name
@@ -93,9 +94,11 @@ class Faults(threading.Thread):
                 if kind == "kill":
                     m.kill9()
                     time.sleep(1.5)
+                    began = time.time()
                     m.start(wait=False)
                     with contextlib.suppress(AssertionError):
                         m.wait_up(timeout_s=60)
+                    self.restarts.append((name, round(time.time() - began, 1)))  # until its API answers
                 else:
                     os.kill(m.proc.pid, signal.SIGSTOP)
                     time.sleep(3.0)
@@ -210,8 +213,12 @@ def churn(minutes: float, jobs: int, every: float, seed: int) -> dict:
             state = records.get(i, {}).get("state")
             if state != "completed" or ends[i] == 0:
                 lost.append({"id": i, "state": state, "reason": (records.get(i) or {}).get("reason")})
-            if ends[i] > 1:
-                twice.append({"id": i, "runs": lines})
+            if ends[i] > 1:  # with what the cluster recorded, and the faults near its requeued attempts
+                rec = records.get(i) or {}
+                twice.append({"id": i, "runs": lines, "attempt": rec.get("attempt"), "history": rec.get("history"),
+                              "faults_near": [(round(t - t0, 1), k, n) for t, k, n in faults.log
+                                              if any(h.get("started_at") and h["started_at"] - 30 <= t <= h["ended_at"]
+                                                     for h in rec.get("history") or ())]})
         kills = sum(1 for _, k, _ in faults.log if k == "kill")
         not_final = sum(1 for i in ids if records.get(i, {}).get("state") not in final)
         return {"asked": jobs, "jobs": len(ids), "complete": len(ids) >= jobs and not not_final,
@@ -219,7 +226,9 @@ def churn(minutes: float, jobs: int, every: float, seed: int) -> dict:
                 "lost": len(lost), "run_twice": len(twice), "stuck": stuck, "longest_gap_s": round(longest, 1),
                 "not_final": not_final, "submit_errors": submit_errors, "last_submit_error": last_submit_error,
                 "unanswered_submissions_found": len(unanswered), "chunks_not_submitted": len(pending),
-                "elapsed_s": round(time.time() - t0, 1), "lost_jobs": lost[:20], "twice_jobs": twice[:20]}
+                "elapsed_s": round(time.time() - t0, 1), "lost_jobs": lost[:20], "twice_jobs": twice[:20],
+                "restart_s_max": max((s for _, s in faults.restarts), default=None),
+                "restarts_over_5s": [r for r in faults.restarts if r[1] > 5.0]}
 
 
 def main() -> int:
