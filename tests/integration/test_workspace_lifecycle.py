@@ -36,17 +36,24 @@ def lnode(image):
 
 
 def test_a_failed_exec_ends_its_session_and_the_idle_workspace_is_then_culled(image, alice):
-    with running_node([], CONTAINERS={"enabled": True, "templates": {"idle": image}, "idle_timeout": "10s"}) as node:
+    # Busy (CPU, as in test_workspaces' busy one) until the test says so: the failed exec must
+    # reach a running workspace, which slow CLIs on a loaded machine could let idle culling stop first.
+    go = Path(alice.home) / "go-idle"
+    busy = (f"while [ ! -e {go} ]; do i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 0.05; done; "
+            "exec sleep 1000000")
+    templates = {"held": {"image": image, "command": busy}}
+    with running_node([], CONTAINERS={"enabled": True, "templates": templates, "idle_timeout": "10s"}) as node:
         wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
-        mtc_json(node, alice, "create", "--template", "idle", "--name", "leaky")
+        mtc_json(node, alice, "create", "--template", "held", "--name", "leaky")
         ws = running(node, alice, "leaky")
         r = mtc(node, alice, "exec", "leaky", "--", "nosuchcmd")
         assert r.returncode == 127 and "nosuchcmd" in r.stderr, (r.returncode, r.stdout, r.stderr)  # podman's own
+        go.write_text("")  # now idle: nothing attached, no CPU
 
         def culled():
             w = mtc_json(node, alice, "show", "leaky")
             return w if w["state"] == "stopped" else None
-        # idle 10 s, sampled every 2 s: stopped by about 14 s after the exec; 180 s is for a loaded machine
+        # idle 10 s, sampled every 2 s: stopped about 14 s after the go; 180 s is for a loaded machine
         w = wait_for("the idle workspace to be stopped after a failed exec", culled, timeout_s=180, interval_s=1)
         assert "idle (idle_timeout 10s)" in w["reason"], w["reason"]
         assert "removed exec session" in node.server_log(), node.server_log()[-3000:]
