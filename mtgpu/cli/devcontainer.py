@@ -14,10 +14,12 @@ import os
 import re
 import shlex
 import subprocess
+import tempfile
 
 from ..client.local import ClientError, LocalClient
 from ..workspaces.devcontainer import DevContainer, load_devcontainer
 from ..workspaces.errors import DevContainerError
+from ..workspaces.features import feature_dockerfile, stage_feature_context
 from ..workspaces.homepath import mount_sources, source_problems
 from ..workspaces.sections import Command
 from .common import err, fail
@@ -74,7 +76,7 @@ def parts(dc: DevContainer, image: str) -> dict:
             "ports": list(dict.fromkeys([*dc.forward_ports, *(p.container_port for p in dc.app_ports)])),
             "post_create": _hooks(dc, POST_CREATE_HOOKS), "post_start": _hooks(dc, POST_START_HOOKS),
             "mounts": mounts, "workdir": dc.workspace_folder, "metadata": metadata(dc),
-            "resources": dc.reservation.directives(), "run_args": list(dc.run_args),
+            "resources": dc.reservation.directives(), "run_args": list(dc.run_options()),
             "user": dc.container_user or dc.remote_user}
 
 
@@ -125,10 +127,43 @@ def build_image(dc: DevContainer) -> tuple[str, str]:
         argv += ["--target", b.target]
     argv.append(b.context)
     err.print(f"building {tag} from {b.dockerfile} (podman build --pull=never)", markup=False)
+    _podman_build(dc, argv, env)
+    return tag, here
+
+
+def _podman_build(dc: DevContainer, argv: list[str], env: dict) -> None:
     r = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         fail(f"{dc.config_path}: podman build failed (status {r.returncode}): "
              + (r.stderr.strip().splitlines() or ["no message"])[-1], 1)
+
+
+def build_features(dc: DevContainer, base: str) -> tuple[str, str]:
+    """Its local Features installed on `base` (each install.sh as root, its options as
+    variables), `podman build --pull=never` as the tenant on this node: (tag, this node)."""
+    tag = "localhost/devcontainer-" + hashlib.sha256(dc.config_path.encode()).hexdigest()[:12] + "-features:latest"
+    try:
+        with LocalClient() as c:
+            got = c.podman_env(load=[base] if dc.build is None else [])  # a node's staged image, into your store
+            here = c.health()["node"]
+    except ClientError as e:
+        fail(e)
+    podman, env = tenant_podman(got)
+    r = subprocess.run([podman, "image", "inspect", "--format", "{{.Config.User}}", base], env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"{dc.config_path}: the image {base} is not in your store on {here}: "
+             + (r.stderr.strip().splitlines() or ["no message"])[-1], 1)
+    image_user = r.stdout.strip()
+    container_user = dc.container_user or image_user or "root"
+    with tempfile.TemporaryDirectory(prefix="mtgpu-features-") as context:
+        stage_feature_context(dc.features, context, remote_user=dc.remote_user or container_user,
+                              container_user=container_user)
+        with open(os.path.join(context, "Dockerfile"), "w", encoding="utf-8") as f:
+            f.write(feature_dockerfile(base, dc.features, image_user))
+        names = ", ".join(f.ref.key for f in dc.features)
+        err.print(f"building {tag}: Features {names} on {base} (podman build --pull=never)", markup=False)
+        _podman_build(dc, [podman, "build", "--pull=never", "-t", tag, context], env)
     return tag, here
 
 
@@ -146,9 +181,11 @@ def read_devcontainer(path: str) -> dict:
         fail(str(DevContainerError(problems, dc.config_path)), 2)
     if dc.ignored_keys:
         err.print(f"note: {dc.config_path}: not acted on: {', '.join(dc.ignored_keys)}", markup=False)
-    if dc.build is None:
+    if dc.build is None and not dc.features:
         return parts(dc, dc.image)
-    image, here = build_image(dc)
+    image, here = build_image(dc) if dc.build is not None else (dc.image, None)
+    if dc.features:
+        image, here = build_features(dc, image)
     out = parts(dc, image)
     out["resources"].setdefault("server", here)
     return out

@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable
 
 from mtgpu.workspaces.errors import DevContainerError, Problem
+from mtgpu.workspaces.features import Feature, FeatureRef, load_features, parse_feature_refs
 from mtgpu.workspaces.jsonc import JsoncError, loads_jsonc
 from mtgpu.workspaces.mounts import Mount, check_in_home, inside, parse_mount
 from mtgpu.workspaces.runargs import check_run_args
@@ -37,7 +38,7 @@ from mtgpu.workspaces.sections import (
     parse_forward_ports,
     parse_host_requirements,
     parse_lifecycle,
-    refused_security_keys,
+    parse_security_keys,
 )
 from mtgpu.workspaces.variables import SubstitutionContext, substitute, substitute_container_env, substitute_string
 
@@ -94,6 +95,16 @@ class DevContainer:
     init: bool | None = None
     override_command: bool | None = None
     ignored_keys: tuple[str, ...] = ()
+    cap_add: tuple[str, ...] = ()
+    security_opt: tuple[str, ...] = ()
+    feature_refs: tuple[FeatureRef, ...] = ()
+    features: tuple[Feature, ...] = ()
+
+    def run_options(self) -> tuple[str, ...]:
+        """runArgs, then capAdd and securityOpt (its own and its Features') as podman run options."""
+        caps = dict.fromkeys([*self.cap_add, *(c for f in self.features for c in f.cap_add)])
+        opts = dict.fromkeys([*self.security_opt, *(o for f in self.features for o in f.security_opt)])
+        return (*self.run_args, *(f"--cap-add={c}" for c in caps), *(f"--security-opt={o}" for o in opts))
 
     def environment(self) -> dict[str, str]:
         """The workspace container's variables: containerEnv, then remoteEnv (set on the
@@ -148,9 +159,16 @@ def load_devcontainer(
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise DevContainerError.one("--devcontainer", config_path, "is not UTF-8 text") from None
-    return parse_devcontainer(
+    dc = parse_devcontainer(
         text, config_path=config_path, workspace_folder=workspace_folder or found_folder, home=home, env=env
     )
+    if not dc.feature_refs:
+        return dc
+    try:
+        features = load_features(dc.feature_refs)
+    except DevContainerError as e:
+        raise DevContainerError(e.problems, config_path) from None
+    return replace(dc, features=features)
 
 
 class _Problems:
@@ -229,7 +247,8 @@ def parse_devcontainer(
         run_args = []
     problems.items.extend(check_run_args(run_args, home))
     _refuse_unsupported(cfg, problems)
-    problems.items.extend(refused_security_keys(cfg))
+    cap_add, security_opt = problems.run(parse_security_keys, cfg, default=((), ()))
+    feature_refs = problems.run(parse_feature_refs, cfg.get("features"), posixpath.dirname(config_path), default=())
     host_requirements = problems.run(parse_host_requirements, cfg.get("hostRequirements"))
 
     result = DevContainer(
@@ -254,6 +273,9 @@ def parse_devcontainer(
         init=_optional_bool(cfg, "init", problems),
         override_command=_optional_bool(cfg, "overrideCommand", problems),
         ignored_keys=_ignored_keys(cfg),
+        cap_add=cap_add,
+        security_opt=security_opt,
+        feature_refs=feature_refs,
     )
     if problems.items:
         raise DevContainerError(problems.items, config_path)
@@ -321,14 +343,6 @@ def _mount_in_home(value: object, key: str, home: str) -> Mount:
 
 
 def _refuse_unsupported(cfg: dict, problems: _Problems) -> None:
-    features = cfg.get("features")
-    if features:
-        names = ", ".join(features) if isinstance(features, dict) else repr(features)
-        problems.add(
-            "features", names, "features are refused: each is downloaded from a registry (ghcr.io, ...) when the "
-            "container is built, and no registry is reachable from this node. Get the same result with a Dockerfile: "
-            'remove "features", set "build": {"dockerfile": "Dockerfile"} and install the tools with RUN lines'
-        )
     for key in ("service", "runServices"):
         if key in cfg and "dockerComposeFile" not in cfg:
             problems.add(key, cfg[key], "belongs to docker compose, which is not supported; remove it")

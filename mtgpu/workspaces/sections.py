@@ -9,6 +9,7 @@ from typing import Any
 
 from mtgpu.model.units import UnitError, parse_size
 from mtgpu.workspaces.errors import DevContainerError, Problem
+from mtgpu.workspaces.runargs import cap_refused, security_opt_refused
 
 LIFECYCLE_HOOKS = (
     "initializeCommand",
@@ -260,17 +261,24 @@ def parse_host_requirements(value: Any) -> HostRequirements | None:
     )
 
 
-def refused_security_keys(cfg: dict) -> list[Problem]:
-    """`privileged`, `capAdd` and `securityOpt`: the keys that would widen a workspace."""
+def parse_security_keys(cfg: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(capAdd, securityOpt): what a debugger needs (SYS_PTRACE, seccomp=unconfined) passes,
+    as in runArgs (runargs.py); `privileged` and anything else that would widen a workspace
+    is refused."""
     problems = []
     if cfg.get("privileged") not in (None, False):
         problems.append(Problem("privileged", cfg["privileged"], "a workspace runs unprivileged, as you; remove it"))
-    if cfg.get("capAdd"):
-        problems.append(
-            Problem("capAdd", cfg["capAdd"], "a workspace cannot gain capabilities; remove it (install what needs them in the image)")
-        )
-    opts = cfg.get("securityOpt") or []
-    for i, opt in enumerate(opts if isinstance(opts, list) else [opts]):
-        if opt not in ("no-new-privileges", "no-new-privileges:true", "no-new-privileges=true"):
-            problems.append(Problem(f"securityOpt[{i}]", opt, "only no-new-privileges may be set; remove it"))
-    return problems
+    found: list[tuple[str, ...]] = []
+    for key, why_refused, example in (("capAdd", cap_refused, "SYS_PTRACE"),
+                                      ("securityOpt", security_opt_refused, "seccomp=unconfined")):
+        raw = cfg.get(key)
+        if raw is None:
+            raw = []
+        if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+            problems.append(Problem(key, raw, f'must be a list of strings, such as ["{example}"]'))
+            raw = []
+        problems += [Problem(f"{key}[{i}]", v, why) for i, v in enumerate(raw) if (why := why_refused(v))]
+        found.append(tuple(raw))
+    if problems:
+        raise DevContainerError(problems)
+    return found[0], found[1]

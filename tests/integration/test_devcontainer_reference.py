@@ -5,7 +5,8 @@
 For every fixture in tests/fixtures/devcontainer, `devcontainer read-configuration`
 prints the configuration as it parsed it (comments gone, variables substituted) and the
 workspace folder and mount it computed; each field both readers produce must agree.
-The fixtures are copied to a temporary "home" outside any git repository, and the
+The corpus holds the VS Code Dev Containers templates as written (template-*, each with its
+SOURCE), the debugger's options, a local Feature. The fixtures are copied to a temporary "home" outside any git repository, and the
 reference is told not to mount the git root, so both see the same project folder.
 
 The reference runs no container here. Its one engine call in `read-configuration` is
@@ -136,7 +137,7 @@ def reference_view(out: dict) -> dict:
     folder = posixpath.dirname(c["configFilePath"]["fsPath"])
     view: dict = {"workspaceFolder": ws["workspaceFolder"], "workspaceMount": _mount(ws["workspaceMount"])}
     for key in ("name", "image", "remoteUser", "containerUser", "containerEnv", "remoteEnv", "runArgs", "init",
-                "overrideCommand"):
+                "overrideCommand", "capAdd", "securityOpt", "features"):
         if key in c:
             view[key] = c[key]
     if "build" in c or "dockerFile" in c:
@@ -185,6 +186,9 @@ def our_view(d: DevContainer, like: dict) -> dict:
         "runArgs": list(d.run_args),
         "init": d.init,
         "overrideCommand": d.override_command,
+        "capAdd": list(d.cap_add),
+        "securityOpt": list(d.security_opt),
+        "features": {f.key: dict(f.options) for f in d.feature_refs},
         "mounts": [(x.type, x.source, x.target, x.read_only) for x in d.mounts],
         "forwardPorts": list(d.forward_ports),
         "appPort": [(p.container_port, p.host_port, p.protocol) for p in d.app_ports],
@@ -216,7 +220,7 @@ def test_every_accepted_fixture_exercises_fields_beyond_the_image(reference):
     for name in ACCEPTED:
         compared |= set(reference_view(reference[name]))
     assert {"build", "containerEnv", "remoteEnv", "remoteUser", "mounts", "forwardPorts", "appPort", "runArgs",
-            "postCreateCommand", "hostRequirements", "workspaceMount"} <= compared
+            "postCreateCommand", "hostRequirements", "workspaceMount", "capAdd", "securityOpt", "features"} <= compared
 
 
 @pytest.mark.parametrize("name", REFUSED)

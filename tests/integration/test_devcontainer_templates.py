@@ -10,9 +10,12 @@ Dockerfile's FROM) of its copy of each template to that image's name, and nothin
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,158 @@ def test_remote_env_reads_the_images_path_through_container_env(wnode, alice, im
     r = mtc(wnode, alice, "exec", "cenv", "--", "sh", "-c", "exit 7")  # a bare `sh`, found through that PATH
     assert r.returncode == 7, (r.returncode, r.stderr)
     assert mtc(wnode, alice, "rm", "cenv").returncode == 0
+
+
+# ------------------------------------------------ the templates as written (point 8)
+
+TEMPLATES = sorted(p.name for p in FIXTURES.iterdir() if p.name.startswith("template-")) + ["debugger-keys"]
+DEBUGGER = ("template-cpp-2022", "template-go-2022", "template-rust-2022", "debugger-keys")
+CAP_SYS_PTRACE = 19
+# the mcr.microsoft.com images have the user vscode that the 2022 templates connect as; the stand-in gets it
+VSCODE_USER = "RUN echo 'vscode:x:1000:1000::/tmp:/bin/sh' >> /etc/passwd && echo 'vscode:x:1000:' >> /etc/group\n"
+
+
+def _mapped_template(user, name: str, image: str, dest: str | None = None) -> Path:
+    """The template's copy in the tenant's home, its registry image mapped onto the staged one."""
+    project = Path(user.home) / (dest or name)
+    shutil.copytree(FIXTURES / name, project)
+    config = project / ".devcontainer" / "devcontainer.json"
+    text, n = re.subn(r'"image":\s*"[^"]+"', f'"image": "{image}"', config.read_text())
+    config.write_text(text)
+    dockerfile = project / ".devcontainer" / "Dockerfile"
+    if dockerfile.exists():
+        text, m = re.subn(r"^FROM \S+", f"FROM {image}", dockerfile.read_text(), flags=re.M)
+        dockerfile.write_text(text + VSCODE_USER)
+        n += m
+    assert n == 1, f"{name}: expected one image to map, found {n}"
+    return _owned(user, project)
+
+
+def _status(node, user, ws: str) -> dict[str, str]:
+    out = _exec(node, user, ws, "cat /proc/self/status")
+    return dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
+
+
+def test_the_vs_code_templates_as_written_make_working_workspaces(wnode, alice, image):
+    for name in TEMPLATES:
+        project = _mapped_template(alice, name, image)
+        r = mtc(wnode, alice, "create", "--devcontainer", str(project), "--name", name, "--json", timeout_s=300)
+        assert r.returncode == 0, (name, r.stdout, r.stderr, wnode.server_log()[-2000:])
+    for name in TEMPLATES:
+        running(wnode, alice, name)
+        out = _exec(wnode, alice, name, 'echo "ok $(pwd)"; echo "$PATH"')
+        assert out.splitlines()[0] == f"ok /workspaces/{name}", (name, out)
+        status = _status(wnode, alice, name)
+        has_ptrace = bool(int(status["CapEff"], 16) >> CAP_SYS_PTRACE & 1)
+        assert has_ptrace == (name in DEBUGGER), (name, status["CapEff"])
+        assert (status["Seccomp"] == "0") == (name in DEBUGGER), (name, status["Seccomp"])  # 2: filtered
+    assert _exec(wnode, alice, "template-cpp", "cat /etc/cpp-template").strip() == "cpp-template-built"
+    cuda = _exec(wnode, alice, "template-cuda", 'echo "$PATH"; echo "$LD_LIBRARY_PATH"').split()
+    assert cuda[0].endswith(":/usr/local/cuda/bin") and "${" not in cuda[0] and cuda[1] == ":/usr/local/cuda/lib64", cuda
+    assert _exec(wnode, alice, "template-go-2022", "id -un").strip() == "vscode"
+    # remoteUser root: root inside is the tenant, and what it writes in the home is the tenant's
+    assert _exec(wnode, alice, "template-cuda", f"id -u; touch {alice.home}/from-cuda").strip() == "0"
+    assert (Path(alice.home) / "from-cuda").stat().st_uid == alice.uid
+    for name in TEMPLATES:
+        assert mtc(wnode, alice, "rm", name).returncode == 0, name
+
+
+# ------------------------------------------------ a debugger's options grant nothing outside (point 8)
+
+UNSHARE_PROBE = """
+import sys
+for pid in sys.argv[1:]:
+    seen = []
+    for what in ("mem", "maps"):  # maps is 0444: only the ptrace check stands in its way
+        try:
+            open(f"/proc/{pid}/{what}", "rb").close()
+            seen.append("open")
+        except OSError as e:
+            seen.append(type(e).__name__)
+    print(pid, *seen)
+print("CapEff", open("/proc/self/status").read().split("CapEff:")[1].split()[0])
+"""
+
+
+def test_sys_ptrace_and_seccomp_unconfined_reach_nothing_outside_the_tenants_namespace(wnode, alice, bob, image):
+    dbg = _mapped_template(alice, "debugger-keys", image, dest="dbg-proj")
+    plain = _project(alice, "plain-ws", {"image": image})
+    assert mtc(wnode, alice, "create", "--devcontainer", str(dbg), "--name", "dbg").returncode == 0
+    assert mtc(wnode, alice, "create", "--devcontainer", str(plain), "--name", "plain").returncode == 0
+    host = {}
+    try:
+        host["root"] = subprocess.Popen(["sleep", "613"])
+        host["bob"] = subprocess.Popen(["sleep", "614"], user=bob.uid, group=bob.gid, extra_groups=[], cwd="/")
+        host["alice"] = subprocess.Popen(["sleep", "615"], user=alice.uid, group=alice.gid, extra_groups=[], cwd="/")
+        probe = {}
+        for name in ("dbg", "plain"):
+            container = running(wnode, alice, name)["workspace"]["container"]
+            # a process of another uid in the container: container root, as mt-podman lets the tenant start it
+            r = wnode.run_cli("mtgpu.cli.podman", alice, "exec", "-d", "--user", "0", container, "sleep", "616")
+            assert r.returncode == 0, r.stderr
+            probe[name] = _exec(wnode, alice, name, (
+                "pid_of() { grep -l \"sleep.$1\" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3; }; "
+                "for i in $(seq 100); do p=$(pid_of '61[6]') && [ -n \"$p\" ] && break; sleep 0.1; done; "
+                "cat /proc/$p/maps 2>&1 | head -1; "
+                "for c in '61[3]' '61[4]' '61[5]'; do pid_of \"$c\"; done; echo end; "
+                # @0 could never be set (it is before boot): harmless even if the kernel said yes
+                "date -s @0 2>&1 >/dev/null; mount -t tmpfs none /tmp 2>&1; hostname other 2>&1; true"))
+        # the capability works inside: a debugger reads container root's process (maps, mode 0444, is
+        # gated by ptrace access alone), a workspace without it cannot
+        assert "Permission denied" not in probe["dbg"].splitlines()[0] and "sleep" not in probe["dbg"], probe["dbg"]
+        assert "Permission denied" in probe["plain"].splitlines()[0], probe["plain"]
+        # and nothing outside is even there: no host process is in its /proc; the kernel still says no
+        # to what needs more than the namespace's own capabilities, seccomp filter or not
+        lines = probe["dbg"].splitlines()
+        assert lines[1] == "end", probe["dbg"]
+        assert all("not permitted" in line.lower() or "permission denied" in line.lower() for line in lines[2:5]), lines
+        # the tenant's own user namespace with every capability (podman unshare: SYS_PTRACE included) and
+        # the host's processes in view: root's, bob's and even the tenant's own stay closed (a capability
+        # counts only in its own namespace), where the tenant natively opens its own
+        pids = [str(host[k].pid) for k in ("root", "bob", "alice")]
+        r = wnode.run_cli("mtgpu.cli.podman", alice, "unshare", sys.executable, "-c", UNSHARE_PROBE, *pids)
+        assert r.returncode == 0, r.stderr
+        seen = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+        assert int(seen.pop("CapEff"), 16) >> CAP_SYS_PTRACE & 1, r.stdout
+        closed = "PermissionError PermissionError"
+        assert seen == dict.fromkeys(pids, closed), r.stdout
+        native = subprocess.run([sys.executable, "-c", UNSHARE_PROBE, *pids], user=alice.uid, group=alice.gid,
+                                extra_groups=[], cwd="/", capture_output=True, text=True, timeout=60)
+        seen = dict(line.split(" ", 1) for line in native.stdout.splitlines())
+        assert (seen[pids[0]], seen[pids[1]], seen[pids[2]]) == (closed, closed, "open open"), native.stdout
+    finally:
+        for p in host.values():
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+        for name in ("dbg", "plain"):
+            mtc(wnode, alice, "rm", name)
+
+
+# ------------------------------------------------ local Features (point 8)
+
+
+def test_a_local_feature_is_built_into_the_image_with_its_options(wnode, alice, image):
+    project = Path(alice.home) / "feat"
+    shutil.copytree(FIXTURES / "local-feature", project)
+    config = project / ".devcontainer" / "devcontainer.json"
+    config.write_text(config.read_text().replace("localhost/base:1", image))
+    _owned(alice, project)
+    ws = mtc_json(wnode, alice, "create", "--devcontainer", str(project), "--name", "feat")
+    assert ws["workspace"]["image"].endswith("-features:latest") and ws["spec"]["server"] == "node-a", ws
+    running(wnode, alice, "feat")
+    out = _exec(wnode, alice, "feat", "hello; cat /opt/hello/installed-by; echo $HELLO_HOME; id -un")
+    # the user's option over the default, a default, the remote user; install.sh ran as root; ENV in the image
+    assert out.splitlines() == ["hey false dev", "0", "/opt/hello", "dev"], out
+    status = _status(wnode, alice, "feat")
+    assert int(status["CapEff"], 16) >> CAP_SYS_PTRACE & 1, status  # the Feature's own capAdd
+    assert mtc(wnode, alice, "rm", "feat").returncode == 0
+
+
+def test_a_registry_feature_is_refused_naming_it_before_any_build(wnode, alice, image):
+    project = _project(alice, "regfeat", {"image": image, "features": {
+        "./local": {}, "ghcr.io/devcontainers/features/node:1": {"version": "lts"}}})
+    r = mtc(wnode, alice, "create", "--devcontainer", str(project))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "the Feature ghcr.io/devcontainers/features/node:1 comes from a registry" in r.stderr, r.stderr
+    assert 'name it "./node"' in r.stderr, r.stderr
+    assert not mtc_json(wnode, alice, "list")

@@ -220,11 +220,14 @@ def test_host_mounts_outside_the_home_are_refused_naming_the_mount():
     assert str(e).startswith(str(FIXTURES / "refused-host-mount" / ".devcontainer" / "devcontainer.json"))
 
 
-def test_features_are_refused_with_the_dockerfile_way_to_the_same_result():
-    (p,) = refusal("refused-features").problems
-    assert p.key == "features"
-    assert "ghcr.io/devcontainers/features/python:1" in p.value
-    assert "no registry is reachable" in p.message and '"build": {"dockerfile": "Dockerfile"}' in p.message
+def test_registry_features_are_refused_each_by_name_with_the_local_way_to_the_same_result():
+    problems = {p.key: p for p in refusal("refused-features").problems}
+    assert set(problems) == {"features.ghcr.io/devcontainers/features/python:1",
+                             "features.ghcr.io/devcontainers/features/node:1"}
+    p = problems["features.ghcr.io/devcontainers/features/python:1"]
+    assert p.value == "ghcr.io/devcontainers/features/python:1"
+    assert "comes from a registry, which this node cannot reach" in p.message
+    assert '.devcontainer/python, and name it "./python"' in p.message
 
 
 def test_docker_compose_is_refused():
@@ -445,9 +448,18 @@ def test_refused_run_args_name_the_argument_and_the_fix(args, shown, expected):
     assert expected in p.message
 
 
-def test_privileged_cap_add_and_security_opt_keys_are_refused():
-    problems = problems_of(image(privileged=True, capAdd=["SYS_PTRACE"], securityOpt=["apparmor=unconfined"]))
-    assert set(problems) == {"privileged", "capAdd", "securityOpt[0]"}
+def test_privileged_and_cap_add_or_security_opt_beyond_a_debuggers_are_refused():
+    problems = problems_of(image(privileged=True, capAdd=["SYS_PTRACE", "SYS_ADMIN"],
+                                 securityOpt=["seccomp=unconfined", "apparmor=unconfined"]))
+    assert set(problems) == {"privileged", "capAdd[1]", "securityOpt[1]"}
+    assert "may add only SYS_PTRACE" in problems["capAdd[1]"]
+    assert problems_of(image(capAdd="SYS_PTRACE")) == {"capAdd": 'must be a list of strings, such as ["SYS_PTRACE"]'}
+
+
+def test_a_debuggers_cap_add_and_security_opt_become_podman_options():
+    d = parse(image(capAdd=["SYS_PTRACE"], securityOpt=["seccomp=unconfined"], runArgs=["--shm-size=1g"]))
+    assert (d.cap_add, d.security_opt) == (("SYS_PTRACE",), ("seccomp=unconfined",))
+    assert d.run_options() == ("--shm-size=1g", "--cap-add=SYS_PTRACE", "--security-opt=seccomp=unconfined")
 
 
 # ---------------------------------------------------------------- hostRequirements
@@ -531,7 +543,7 @@ def test_bad_commands_name_the_hook():
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(DevContainerError) as info:
-        parse({"build": 3, "features": {"x": {}}, "runArgs": ["--privileged"], "remoteUser": 0})
+        parse({"build": 3, "features": {"ghcr.io/x/y:1": {}}, "runArgs": ["--privileged"], "remoteUser": 0})
     assert len(info.value.problems) == 4
     assert str(info.value).splitlines()[0] == f"{PROJECT}/.devcontainer/devcontainer.json: 4 problems:"
     assert isinstance(info.value, ValueError)
