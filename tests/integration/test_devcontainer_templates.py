@@ -18,10 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.integration.test_workspaces import image, mtc, mtc_json, running, wnode  # noqa: F401 (fixtures)
-from tests.support.node import wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "devcontainer"
 
