@@ -144,8 +144,10 @@ def build_features(dc: DevContainer, base: str) -> tuple[str, str]:
     tag = "localhost/devcontainer-" + hashlib.sha256(dc.config_path.encode()).hexdigest()[:12] + "-features:latest"
     try:
         with LocalClient() as c:
-            got = c.podman_env(load=[base] if dc.build is None else [])  # a node's staged image, into your store
             here = c.health()["node"]
+            if dc.build is None:  # (a build was checked already) Features make an image of your own too
+                refuse_own_image_build(dc, here, next((n for n in c.nodes() if n["name"] == here), {}))
+            got = c.podman_env(load=[base] if dc.build is None else [])  # a node's staged image, into your store
     except ClientError as e:
         fail(e)
     podman, env = tenant_podman(got)
