@@ -40,7 +40,9 @@ def image():
 
 @pytest.fixture(scope="module")
 def dnode(image, alice):
-    templates = {"plain": image}
+    # the workspace's own command opens the nodes too (its log), then stays up for the execs
+    opener = f"{OPEN_ALL.format(folder=Path(alice.home) / 'gpu-nodes')}; echo opened; exec sleep 3600"
+    templates = {"opener": {"image": image, "command": opener}}
     with running_node(GPUS2, CONTAINERS={"enabled": True, "images": [image], "templates": templates}) as node:
         wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
         yield node
@@ -134,27 +136,37 @@ def test_a_container_job_with_no_gpu_and_an_exec_into_it_open_no_gpu_node(dnode,
     assert opens(by_id) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, by_id
 
 
-def test_a_workspace_and_every_exec_into_it_open_its_own_gpu_and_are_denied_the_other(dnode, alice, copies):
-    r = mtc(dnode, alice, "create", "--template", "plain", "--gpus", "1", "--name", "fenced")
+def test_a_workspace_its_command_and_every_exec_into_it_open_its_own_gpu_and_are_denied_the_other(dnode, alice, copies):
+    r = mtc(dnode, alice, "create", "--template", "opener", "--gpus", "1", "--name", "fenced")
     assert r.returncode == 0, (r.stdout, r.stderr, dnode.server_log()[-3000:])
     try:
         ws = wait_for("workspace fenced to run", lambda: _running(dnode, alice, "fenced"), timeout_s=90, interval_s=0.2)
         mine = ws["gpus"][0]["index"]
         r = mtc(dnode, alice, "exec", "fenced", "--", "sh", "-c", OPEN_ALL.format(folder=copies))
         assert opens(r.stdout) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, (r.stdout, r.stderr)
+        main = wait_for("its command's output", lambda: _opened(mtc(dnode, alice, "logs", "fenced").stdout),
+                        timeout_s=60, interval_s=0.3)
+        assert opens(main) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, main
     finally:
         mtc(dnode, alice, "rm", "fenced")
 
 
-def test_a_workspace_with_no_gpu_opens_no_gpu_node(dnode, alice, copies):
-    r = mtc(dnode, alice, "create", "--template", "plain", "--name", "nogpu")
+def test_a_workspace_with_no_gpu_and_every_exec_into_it_open_no_gpu_node(dnode, alice, copies):
+    r = mtc(dnode, alice, "create", "--template", "opener", "--name", "nogpu")
     assert r.returncode == 0, (r.stdout, r.stderr, dnode.server_log()[-3000:])
     try:
         wait_for("workspace nogpu to run", lambda: _running(dnode, alice, "nogpu"), timeout_s=90, interval_s=0.2)
         r = mtc(dnode, alice, "exec", "nogpu", "--", "sh", "-c", OPEN_ALL.format(folder=copies))
         assert opens(r.stdout) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, (r.stdout, r.stderr)
+        main = wait_for("its command's output", lambda: _opened(mtc(dnode, alice, "logs", "nogpu").stdout),
+                        timeout_s=60, interval_s=0.3)
+        assert opens(main) == {0: "EPERM", 1: "EPERM", "stray": "EPERM"}, main
     finally:
         mtc(dnode, alice, "rm", "nogpu")
+
+
+def _opened(log: str) -> str | None:
+    return log if "opened" in log else None
 
 
 def _running(node, user, name: str) -> dict | None:
