@@ -159,7 +159,7 @@ class MemberService:
 
     def _own_image(self, caller: Caller, spec: JobSpec, own: OwnImageCheck) -> tuple[JobSpec, str | None]:
         setup = self.member.agent.containers
-        if setup is None:
+        if setup is None or caller.uid < 1000:  # no store to look in: the runner refuses a system account's
             return spec, None
         home = tenant_home_of(self.config.TENANT_HOME_ROOT, caller.name, caller.uid)
         try:
