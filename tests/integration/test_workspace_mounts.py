@@ -176,25 +176,25 @@ home, stop = sys.argv[1], sys.argv[2]
 os.chdir(home)
 end = time.monotonic() + 600
 while not os.path.exists(stop) and time.monotonic() < end:
-    os.rename("work", "work.dir"); os.rename("work.link", "work")  # ~/work: a symlink to the GPUs' folder
+    os.rename("loopwork", "loop.dir"); os.rename("loop.link", "loopwork")  # ~/loopwork: a symlink to the GPUs' folder
     time.sleep(0.002)
-    os.rename("work", "work.link"); os.rename("work.dir", "work")  # ~/work: the home's folder again
+    os.rename("loopwork", "loop.link"); os.rename("loop.dir", "loopwork")  # ~/loopwork: the home's folder again
     time.sleep(0.002)
 """
 
 
 def test_a_folder_swapped_in_a_loop_never_reaches_the_container(wnode, alice, image):
-    """A second process of the tenant's swaps ~/work between its folder and a symlink to the
+    """A second process of the tenant's swaps ~/loopwork between its folder and a symlink to the
     GPUs' device folder, every few milliseconds, while the workspace is started again and
     again: whatever moment the swap hits (before the member's check, between it and runc's
     mount, after), a container that runs has the home's folder at /w, never the device
     folder; the others are refused or fail, and are stopped."""
     home = Path(alice.home)
-    (home / "work").mkdir()
-    (home / "work" / "mine").write_text("the home's folder\n")
-    (home / "work.link").symlink_to("/dev/mtgpu")
-    _owned(alice, home / "work", home / "work" / "mine", home / "work.link")
-    project = _project(alice, "loop", {"image": image, "mounts": ["source=${localEnv:HOME}/work,target=/w,type=bind"]})
+    (home / "loopwork").mkdir()
+    (home / "loopwork" / "mine").write_text("the home's folder\n")
+    (home / "loop.link").symlink_to("/dev/mtgpu")
+    _owned(alice, home / "loopwork", home / "loopwork" / "mine", home / "loop.link")
+    project = _project(alice, "loop", {"image": image, "mounts": ["source=${localEnv:HOME}/loopwork,target=/w,type=bind"]})
     mtc_json(wnode, alice, "create", "--devcontainer", str(project), "--name", "loop")
     running(wnode, alice, "loop")
     assert mtc_json(wnode, alice, "stop", "loop")["state"] == "stopped"

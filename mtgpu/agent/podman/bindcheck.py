@@ -12,7 +12,9 @@ inode at its target, walked from the waiting process's own root (/proc/PID/root,
 container's mount namespace, no symlink followed), must be the very inode its source
 resolves to on the member's file system: inside the home for the tenant's sources
 (resolve_in_home, as at every check), a regular file for the node's own files in the
-tenant-owned job folder, the path itself for the node's other sources. Anything else
+tenant-owned job folder (the node's other sources, read-only roots an admin set, are not
+the tenant's to swap, and podman's own, /etc/hosts and the like, come from the tenant's own
+store, as everything its own podman does: docs/ISOLATION.md). Anything else
 names the mount, what runc mounted there (its file system and path, from mountinfo) and
 the fix, and the container does not start.
 """
@@ -69,18 +71,24 @@ def _mounted(root_fd: int, target: str) -> os.stat_result:
         os.close(fd)
 
 
+def _swappable(source: str, home: str, node_files: str | None) -> bool:
+    """A source the tenant can swap: below its home (the home itself is the node's path),
+    or the node's file in the job folder the tenant owns. The node's other sources (its
+    read-only roots) and podman's own (/etc/hosts, ...: the tenant's store) are not checked."""
+    homes = (home.rstrip("/"), os.path.realpath(home))
+    return (any(_below(source, h) and source.rstrip("/") != h for h in homes)
+            or (node_files is not None and _below(source, node_files) and source.rstrip("/") != node_files.rstrip("/")))
+
+
 def _expected(source: str, home: str, node_files: str | None) -> os.stat_result:
     """The inode the source names, resolved as the member resolves it."""
-    homes = (home, os.path.realpath(home))
-    if any(_below(source, h) for h in homes):
-        with resolve_in_home(source, home) as p:  # OutsideHome when it leaves the home now
-            return os.fstat(p.fd)
     if node_files is not None and _below(source, node_files):  # the tenant owns this folder: no link taken
         st = os.lstat(source)
         if not stat.S_ISREG(st.st_mode):
             raise BindMismatch(f"the node's file {source} is no longer a regular file")
         return st
-    return os.stat(source)
+    with resolve_in_home(source, home) as p:  # OutsideHome when it leaves the home now
+        return os.fstat(p.fd)
 
 
 def _what(pid: int, target: str) -> str:
@@ -109,6 +117,8 @@ def check_binds(pid: int, binds: Iterable[Bind], home: str, node_files: str | No
     root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for b in binds:
+            if not _swappable(b.source, home, node_files):
+                continue
             try:
                 want = _expected(b.source, home, node_files)
                 got = _mounted(root_fd, b.target)

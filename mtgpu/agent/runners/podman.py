@@ -33,6 +33,7 @@ import pwd
 import re
 import secrets
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -158,9 +159,9 @@ class ContainerRunner(NativeRunner):
         if ws is not None and existing is not None and not existing[1]:
             # Made for these GPUs before: start it again as it is (its layer, its ports).
             name, ports = workspace_container(launch.job_id), existing[0].ports
-            self._recheck_mounts(tenant, name, launch.home)
+            cid = self._recheck_mounts(tenant, name, launch.home)
             if _tenant_binds(ws):  # what runc mounts at this start, checked before it runs
-                self._init_checked(tenant, launch, name, penv, files, made_now=False)
+                self._init_checked(tenant, launch, name, cid, penv, files, made_now=False)
             self._guard(launch, ports)
             state["container"].update({"name": name, "workspace": True, "ports": ports, "token": ws_token})
             enforced["container_limits"] = "the job's cgroup around the container"
@@ -233,8 +234,8 @@ class ContainerRunner(NativeRunner):
         if ws is not None:
             argv += [*ws.run_args, run_as, "/bin/sh", ENTRY_MOUNT, *ws.command]
             if _tenant_binds(ws):  # made and mounted, checked, then started: no window between check and mount
-                self._create(tenant, launch, name, argv, penv)
-                self._init_checked(tenant, launch, name, penv, files, made_now=True)
+                cid = self._create(launch, name, argv, penv)
+                self._init_checked(tenant, launch, name, cid, penv, files, made_now=True)
                 enforced["container_limits"] = limits
                 return Command([PODMAN, "start", "--attach", name], penv, script_arg=False, state=state,
                                rlimit_as_ok=False)
@@ -266,25 +267,29 @@ class ContainerRunner(NativeRunner):
         return [*STANDARD_DEVICES, *device_numbers(own)]
 
     # ------------------------------------------------------------ workspaces
-    def _recheck_mounts(self, tenant, name: str, home: str) -> None:
-        """The bind sources stored in a stopped workspace's container, checked before it starts again."""
+    def _recheck_mounts(self, tenant, name: str, home: str) -> str:
+        """The bind sources stored in a stopped workspace's container, checked before it
+        starts again; returns the container's id."""
         try:
-            r = tenant.run(["container", "inspect", "--format", "{{json .Mounts}}", name], timeout_s=60)
-            stored = json.loads(r.stdout.decode() or "[]") if r.returncode == 0 else []
+            r = tenant.run(["container", "inspect", "--format", "{{.Id}} {{json .Mounts}}", name], timeout_s=60)
+            cid, _, text = r.stdout.decode().strip().partition(" ") if r.returncode == 0 else ("", "", "")
+            stored = json.loads(text or "[]")
             recheck_stored_sources((m.get("Source", "") for m in stored or () if m.get("Type") == "bind"), home)
+            return cid
         except OutsideHome as e:
             raise RunnerError(str(e)) from None
         except (OSError, ValueError, subprocess.TimeoutExpired) as e:
             raise RunnerError(f"workspace container {name}: its mounts could not be read to check them: {e}") from e
 
-    def _create(self, tenant, launch: Launch, name: str, argv: list[str], penv: dict[str, str]) -> None:
-        """`podman create` of what `argv` (a `podman run`) would run."""
+    def _create(self, launch: Launch, name: str, argv: list[str], penv: dict[str, str]) -> str:
+        """`podman create` of what `argv` (a `podman run`) would run; returns its id."""
         r = subprocess.run([PODMAN, "create", *argv[2:]], env=penv, user=launch.uid, group=launch.gid,
                            extra_groups=list(launch.extra_gids), cwd="/", capture_output=True, timeout=300)
         if r.returncode != 0:
             raise RunnerError(f"podman could not create the container {name}: {last_error(r) or 'no answer'}")
+        return (r.stdout.decode(errors="replace").split() or [""])[-1]
 
-    def _init_checked(self, tenant, launch: Launch, name: str, penv: dict[str, str], files: Path, *,
+    def _init_checked(self, tenant, launch: Launch, name: str, cid: str, penv: dict[str, str], files: Path, *,
                       made_now: bool) -> None:
         """`podman init` in the job's cgroup (conmon and the waiting first process are born
         there, under the job's device fence, as with `podman run` under the shim), then every
@@ -318,13 +323,7 @@ class ContainerRunner(NativeRunner):
             undo()
             raise RunnerError(f"podman could not prepare the container {name}: {last_error(r) or 'no answer'}")
         try:
-            r = tenant.run(["container", "inspect", "--format", "{{.State.Pid}} {{json .Mounts}}", name], timeout_s=60)
-            pid_text, _, mounts_json = r.stdout.decode().strip().partition(" ")
-            pid = int(pid_text)
-            binds = [Bind(m.get("Source", ""), m.get("Destination", "")) for m in json.loads(mounts_json or "[]") or ()
-                     if m.get("Type") == "bind"]
-            if self.cgroups.get(launch.job_id) is not None and pid not in self.cgroups.pids(launch.job_id):
-                raise BindMismatch(f"its first process {pid} is not in job {launch.job_id}'s cgroup")
+            pid, binds = self._waiting(tenant, launch.job_id, name, cid)
             check_binds(pid, binds, launch.home, str(files))
         except (OutsideHome, BindMismatch) as e:
             undo()
@@ -332,6 +331,28 @@ class ContainerRunner(NativeRunner):
         except (OSError, ValueError, subprocess.TimeoutExpired) as e:
             undo()
             raise RunnerError(f"container {name}: its mounts could not be checked before it starts: {e}") from None
+
+    def _waiting(self, tenant, job_id: int, name: str, cid: str) -> tuple[int, list[Bind]]:
+        """The initialized container's waiting first process and its bind mounts. With a
+        job cgroup (the usual case, no podman call): the one process in it whose parent is
+        the conmon in it too, and the mounts of the runtime spec runc was given (its bundle's
+        config.json); else what `podman inspect` says."""
+        binds = _spec_binds(tenant.graph_root, cid) if cid else None
+        pid = None
+        if self.cgroups.get(job_id) is not None:
+            inside = self.cgroups.pids(job_id)
+            children = [p for p in inside if (parent := _ppid(p)) in inside and _comm(parent) == "conmon"]
+            if len(children) != 1:
+                raise BindMismatch(f"its first process cannot be told in job {job_id}'s cgroup (processes {sorted(inside)})")
+            pid = children[0]
+        if pid is None or binds is None:
+            r = tenant.run(["container", "inspect", "--format", "{{.State.Pid}} {{json .Mounts}}", name], timeout_s=60)
+            pid_text, _, mounts_json = r.stdout.decode().strip().partition(" ")
+            pid = pid if pid is not None else int(pid_text)
+            if binds is None:
+                binds = [Bind(m.get("Source", ""), m.get("Destination", ""))
+                         for m in json.loads(mounts_json or "[]") or () if m.get("Type") == "bind"]
+        return pid, binds
 
     def _guard(self, launch: Launch, ports: dict[int, int]) -> None:
         """Only the tenant (and root) may connect to these ports, from before they are published."""
@@ -559,6 +580,47 @@ class ContainerRunner(NativeRunner):
 
     def active_tokens(self) -> set[str]:
         return {r.state.get("run_token", "") for r in self._runs.values()}
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _spec_binds(graph_root: Path, cid: str) -> list[Bind] | None:
+    """The bind mounts of the OCI spec podman wrote for runc (BUNDLE/config.json in the
+    tenant's store: read without following a link, at most 8 MiB); None when not found."""
+    if not cid or not cid.isalnum():
+        return None
+    for driver in ("overlay", "vfs"):
+        try:
+            fd = os.open(graph_root / f"{driver}-containers" / cid / "userdata" / "config.json",
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            with os.fdopen(os.dup(fd), "rb") as f:
+                spec = json.loads(f.read(8 << 20))
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        return [Bind(m.get("source", ""), m.get("destination", "")) for m in spec.get("mounts") or ()
+                if isinstance(m, dict) and m.get("type") == "bind"]
+    return None
 
 
 def _tenant_binds(ws) -> bool:
