@@ -64,6 +64,21 @@ class WorkspaceRequest(BaseModel):
     ports: list[int] = Field(default_factory=list, description="container ports to publish (besides the template's)")
 
 
+def _nul_in(value: object, where: str = "") -> str | None:
+    """Where in a request a NUL character is (e.g. "devcontainer.run_args[1]"), else None:
+    podman cannot be handed one (the member's exec failed with "embedded null byte")."""
+    if isinstance(value, str):
+        return where if "\0" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for k, v in items:
+        if isinstance(k, str) and "\0" in k:
+            return f"{where}.{k!r}" if where else repr(k)
+        found = _nul_in(v, f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else k))
+        if found is not None:
+            return found
+    return None
+
+
 class WorkspaceService:
     def __init__(self, service: MemberService) -> None:
         self.service = service
@@ -76,6 +91,10 @@ class WorkspaceService:
         if len(given) != 1:
             raise ServiceError(422, "refused: give one of --template NAME, --image IMAGE or --devcontainer PATH"
                                     + self._templates_hint(), refused=True)
+        nul = _nul_in(req.model_dump())
+        if nul is not None:
+            raise ServiceError(422, f"refused: {nul} holds a NUL character, which no name, argument, path or variable "
+                                    "given to podman can hold; remove it", refused=True)
         home = tenant_home_of(self.config.TENANT_HOME_ROOT, caller.name, caller.uid)
         resources: dict[str, str] = {}
         if req.template is not None:
