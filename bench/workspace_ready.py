@@ -17,10 +17,15 @@ alternating:
 - bare: `podman run -d --pull=never --userns=keep-id IMAGE sleep-loop` then `podman exec
   NAME true`, as the same tenant with the same settings; then `podman rm -f` (not counted).
 
+With `--bind`, each workspace (a devcontainer request naming the same image) and each bare
+run also bind-mount a folder of the tenant's home at /src: a workspace with a bind of its
+tenant's is made in steps (podman create, init in the job's cgroup, the mounted inodes
+checked, start: runners/podman.py), which this measures.
+
 Target: ready p50 within 300 ms of bare p50. Everything it creates is removed at the end,
 also on failure, Ctrl-C or SIGTERM.
 
-    python bench/workspace_ready.py [--workspaces 30] [--json]     (as root)
+    python bench/workspace_ready.py [--workspaces 30] [--bind] [--json]     (as root)
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ IDLE = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; 
 
 
 # ------------------------------------------------------------------ the tenant's side
-def worker(socket_path: str, image: str, count: int) -> dict:
+def worker(socket_path: str, image: str, count: int, bind: bool = False) -> dict:
     from mtgpu.client.local import LocalClient
 
     home = os.environ["HOME"]
+    src = os.path.join(home, "bench-src")
+    if bind:
+        os.makedirs(src, exist_ok=True)
     deadline_total = time.monotonic() + count * 4 * STEP_TIMEOUT_S
     with LocalClient(socket_path, timeout_s=60) as c:
         podman, penv = worker_podman(c)
@@ -81,7 +89,11 @@ def worker(socket_path: str, image: str, count: int) -> dict:
 
         def ours(tag: str) -> dict:
             t0 = time.time()
-            name = c.create_workspace({"template": "plain", "name": tag})["name"]
+            request = {"template": "plain", "name": tag}
+            if bind:
+                request = {"name": tag, "devcontainer": {"path": f"{home}/bench/.devcontainer/devcontainer.json",
+                                                         "image": image, "mounts": [[src, "/src", False]]}}
+            name = c.create_workspace(request)["name"]
             deadline = time.monotonic() + STEP_TIMEOUT_S
             while True:
                 ws = c.workspace(name)
@@ -113,7 +125,8 @@ def worker(socket_path: str, image: str, count: int) -> dict:
 
         def bare(tag: str) -> float:
             t0 = time.time()
-            pod("run", "-d", "--pull=never", "--userns=keep-id", "--name", tag, image, *IDLE)
+            pod("run", "-d", "--pull=never", "--userns=keep-id", "--name", tag, *(["-v", f"{src}:/src"] if bind else []),
+                image, *IDLE)
             pod("exec", tag, "true")
             dt = (time.time() - t0) * 1000
             pod("rm", "--force", "--time", "0", tag)
@@ -136,15 +149,17 @@ def worker(socket_path: str, image: str, count: int) -> dict:
 
 
 # ------------------------------------------------------------------ root's side
-def run(count: int) -> dict:
+def run(count: int, bind: bool = False) -> dict:
     os.chdir(ROOT)
     with tenant_node("ws", lambda image: {"templates": {"plain": image}}, "mtbw") as (image, node, user):
-        w = worker_as(user, node, __file__, ["--workspaces", str(count), "--worker", str(node.socket_path), image],
+        w = worker_as(user, node, __file__, ["--workspaces", str(count), *(["--bind"] if bind else []),
+                                                 "--worker", str(node.socket_path), image],
                       timeout_s=count * 60 + 600)
     ready = [x["ms"] for x in w["ready"]]
     ready_p50, bare_p50 = percentile(ready, 50), percentile(w["bare"], 50)
     return {
         "workspaces": count,
+        "bind": bind,
         "ready_p50_ms": round(ready_p50, 1),
         "ready_p99_ms": round(percentile(ready, 99), 1),
         "ready_max_ms": round(max(ready), 1),
@@ -161,20 +176,22 @@ def run(count: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workspaces", type=int, default=30)
+    ap.add_argument("--bind", action="store_true", help="each workspace and bare run mounts a folder of the home")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", nargs=2, metavar=("SOCKET", "IMAGE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], args.workspaces)))
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.workspaces, args.bind)))
         return 0
-    r = run_as_root("workspace_ready.py", "a real node, a real tenant and root's podman", run, args.workspaces,
+    r = run_as_root("workspace_ready.py", "a real node, a real tenant and root's podman", run, args.workspaces, args.bind,
                     why_not=podman_or_users_missing)
     if isinstance(r, int):
         return r
     if args.json:
         print(json.dumps(r))
         return 0
-    print(f"standalone node, rootless podman; {r['workspaces']} workspaces one at a time as a tenant")
+    print(f"standalone node, rootless podman; {r['workspaces']} workspaces one at a time as a tenant"
+          + (", each with a bind mount of a folder of the home" if r["bind"] else ""))
     print(f"create -> a command ran inside: p50 {r['ready_p50_ms']} ms, p99 {r['ready_p99_ms']} ms "
           f"(max {r['ready_max_ms']}); p50 create -> placed {r['to_placed_p50_ms']} ms, -> its container started "
           f"{r['to_started_p50_ms']} ms")
