@@ -64,19 +64,37 @@ class WorkspaceRequest(BaseModel):
     ports: list[int] = Field(default_factory=list, description="container ports to publish (besides the template's)")
 
 
-def _nul_in(value: object, where: str = "") -> str | None:
-    """Where in a request a NUL character is (e.g. "devcontainer.run_args[1]"), else None:
-    podman cannot be handed one (the member's exec failed with "embedded null byte")."""
+# Linux takes one argument or variable of at most 128 KiB (MAX_ARG_STRLEN) and all of them
+# together of about 2 MiB: what podman is handed must fit, with room for the node's own.
+MAX_STRING_CHARS = 65536
+MAX_REQUEST_CHARS = 1_000_000
+
+
+def _unpassable(value: object) -> str | None:
+    """Why a request cannot be handed to podman, naming the field (e.g. "devcontainer.run_args[1]
+    holds a NUL character"), else None. The member's exec failed with "embedded null byte"."""
+    total = 0
+    for where, text in _strings_in(value):
+        if "\0" in text:
+            return f"{where} holds a NUL character, which no name, argument, path or variable given to podman can hold"
+        if len(text) > MAX_STRING_CHARS:
+            return f"{where} holds {len(text):,} characters, more than the {MAX_STRING_CHARS:,} one argument may"
+        total += len(text)
+    if total > MAX_REQUEST_CHARS:
+        return f"the request holds {total:,} characters, more than the {MAX_REQUEST_CHARS:,} a workspace may"
+    return None
+
+
+def _strings_in(value: object, where: str = ""):
+    """(where, text) of every string in a request, keys included."""
     if isinstance(value, str):
-        return where if "\0" in value else None
+        yield where, value
+        return
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
     for k, v in items:
-        if isinstance(k, str) and "\0" in k:
-            return f"{where}.{k!r}" if where else repr(k)
-        found = _nul_in(v, f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else k))
-        if found is not None:
-            return found
-    return None
+        if isinstance(k, str):
+            yield (f"{where}.{k!r}" if where else repr(k)), k
+        yield from _strings_in(v, f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else k))
 
 
 class WorkspaceService:
@@ -91,10 +109,9 @@ class WorkspaceService:
         if len(given) != 1:
             raise ServiceError(422, "refused: give one of --template NAME, --image IMAGE or --devcontainer PATH"
                                     + self._templates_hint(), refused=True)
-        nul = _nul_in(req.model_dump())
-        if nul is not None:
-            raise ServiceError(422, f"refused: {nul} holds a NUL character, which no name, argument, path or variable "
-                                    "given to podman can hold; remove it", refused=True)
+        why = _unpassable(req.model_dump())
+        if why is not None:
+            raise ServiceError(422, f"refused: {why}; remove or shorten it", refused=True)
         home = tenant_home_of(self.config.TENANT_HOME_ROOT, caller.name, caller.uid)
         resources: dict[str, str] = {}
         if req.template is not None:
