@@ -323,6 +323,7 @@ NAMES = {
     "env_value_with_nul": (None, "devcontainer.env.A holds a NUL character"),
     "run_arg_with_nul": (None, "devcontainer.run_args[1] holds a NUL character"),
     "mount_source_with_nul": (None, "devcontainer.mounts[0][0] holds a NUL character"),
+    "env_value_oversized": (None, "devcontainer.env.BIG holds 200,000 characters"),
 }
 
 
@@ -334,6 +335,8 @@ def _names_body(lab, attempt: str) -> dict:
         return _devcontainer(lab, env={"LD_PRELOAD=/x A": "1"})
     if attempt == "env_value_with_nul":
         return _devcontainer(lab, env={"A": "x\0LD_PRELOAD=/tmp/x.so"})
+    if attempt == "env_value_oversized":
+        return _devcontainer(lab, env={"BIG": "v" * 200_000})
     if attempt == "mount_source_with_nul":
         return _devcontainer(lab, mounts=[[f"{lab.alice.home}/x\0/../../etc", "/e", False]])
     return _devcontainer(lab, run_args=["--hostname", "a\0--privileged"])
