@@ -24,6 +24,15 @@ def _owned(user, *paths: Path) -> None:
         os.lchown(p, user.uid, user.gid)
 
 
+def _folder_and_link(user, folder: str, file: str, text: str, link: str, target: str) -> None:
+    """~/folder holding `file` with `text`, and the symlink ~/link -> target, all the tenant's."""
+    home = Path(user.home)
+    (home / folder).mkdir()
+    (home / folder / file).write_text(text)
+    (home / link).symlink_to(target)
+    _owned(user, home / folder, home / folder / file, home / link)
+
+
 def _project(user, name: str, config: dict) -> Path:
     project = Path(user.home) / name
     (project / ".devcontainer").mkdir(parents=True)
@@ -55,10 +64,7 @@ def test_a_symlink_out_of_the_home_is_refused_naming_the_mount_the_value_and_the
     assert "point the source at the real folder in your home, or use a named volume" in err, err
     assert not mtc_json(wnode, alice, "list"), "a refused workspace was created"
     # a symlink that stays in the home is followed
-    (home / "data").mkdir()
-    (home / "data" / "f").write_text("in the home\n")
-    (home / "datalink").symlink_to("data")
-    _owned(alice, home / "data", home / "data" / "f", home / "datalink")
+    _folder_and_link(alice, "data", "f", "in the home\n", "datalink", "data")
     ok = _project(alice, "inside", {"image": image, "mounts": ["source=${localEnv:HOME}/datalink,target=/d,type=bind"]})
     mtc_json(wnode, alice, "create", "--devcontainer", str(ok), "--name", "inside")
     running(wnode, alice, "inside")
@@ -190,10 +196,7 @@ def test_a_folder_swapped_in_a_loop_never_reaches_the_container(wnode, alice, im
     mount, after), a container that runs has the home's folder at /w, never the device
     folder; the others are refused or fail, and are stopped."""
     home = Path(alice.home)
-    (home / "loopwork").mkdir()
-    (home / "loopwork" / "mine").write_text("the home's folder\n")
-    (home / "loop.link").symlink_to("/dev/mtgpu")
-    _owned(alice, home / "loopwork", home / "loopwork" / "mine", home / "loop.link")
+    _folder_and_link(alice, "loopwork", "mine", "the home's folder\n", "loop.link", "/dev/mtgpu")
     project = _project(alice, "loop", {"image": image, "mounts": ["source=${localEnv:HOME}/loopwork,target=/w,type=bind"]})
     mtc_json(wnode, alice, "create", "--devcontainer", str(project), "--name", "loop")
     running(wnode, alice, "loop")
