@@ -4,7 +4,8 @@
 #
 # With no arguments the integration tests, which mostly wait on real processes, run in two
 # pytest processes side by side: the cluster ones (Raft, partitions, clock jumps, DirectLink
-# through NAT labs: CLUSTER_TESTS below) and all the others. Every test keeps to its own uid
+# through NAT labs) with the others that start no container (CLUSTER_TESTS below), and all the
+# others (the Podman ones). Every test keeps to its own uid
 # range, ports, namespaces, chains and STATE_DIR-keyed names, so the two never meet. Beside
 # them, at a lower CPU priority (they are CPU-bound and wait for nothing), the unit tests
 # and the VS Code extension's checks (clients/vscode/ci.sh: npm ci, type-check, node --test
@@ -58,7 +59,11 @@ fi
 
 # (test_directlink_member runs a Podman workspace: it stays with the other Podman tests)
 CLUSTER_TESTS=(test_cluster test_busy_members test_partitions test_clock_jump test_raft_roles test_startup_faults
-               test_directlink_cluster test_directlink_nat test_directlink_admin test_queue_order test_fuzz)
+               test_directlink_cluster test_directlink_nat test_directlink_admin test_queue_order test_fuzz
+               # and the ones that start no container, so that the two parts take about as long
+               # (the Podman ones, about 12 minutes of the 14 on 2 cores, stay together)
+               test_native_runner test_ssh_terminals test_accounts test_tenants test_logs test_metrics
+               test_storage test_supervisor_death test_tui test_usage test_report_protocol)
 cluster_files=()
 other_files=()
 for f in tests/integration/test_*.py; do
@@ -83,7 +88,7 @@ wait "$unit_pid"
 unit_rc=$?
 printed=1
 echo
-echo "---- the cluster integration tests (${CLUSTER_TESTS[*]}), run beside the others ----"
+echo "---- the cluster integration tests and the others without containers (${CLUSTER_TESTS[*]}), run beside the Podman ones ----"
 cat "$out/cluster.log"
 echo
 echo "---- the VS Code extension (clients/vscode/ci.sh, run beside the integration tests) ----"
