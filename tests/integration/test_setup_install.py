@@ -29,7 +29,9 @@ from tests.support.users import account_db, can_create_users, temp_user
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
 
-VENV = Path("/opt/mtgpu/venv")
+# the environment these tests run in (scripts/test.sh: $MTGPU_VENV, else /opt/mtgpu/venv), so that the
+# install links the code under test and not whatever another environment holds
+VENV = Path(sys.prefix)
 if not (VENV / "bin" / "mtgpu-server").exists():
     pytest.skip(f"{VENV} (the environment the install is given) has no mtgpu-server", allow_module_level=True)
 if Path("/run/systemd/system").is_dir():
