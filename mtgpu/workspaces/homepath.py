@@ -92,10 +92,15 @@ def resolve_in_home(path: str, home: str) -> HomePath:
     todo = next((rest for h in homes if (rest := _below(path, h)) is not None), None)
     if todo is None:
         raise OutsideHome(f"is outside your home {home}")
-    stack = [os.open(home_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    stack: list[int] = []
     names: list[str] = []
     links = 0
     try:
+        try:
+            stack.append(os.open(home_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        except OSError as e:
+            raise OutsideHome(f"cannot be resolved: your home {home} cannot be opened "
+                              f"({e.strerror})") from None
         while todo:
             name = todo.pop(0)
             if name == "..":
@@ -149,6 +154,10 @@ def resolve_in_home(path: str, home: str) -> HomePath:
         if e.errno == errno.ELOOP:
             raise OutsideHome("is a symlink loop") from None
         raise OutsideHome(f"cannot be resolved: {e.strerror}") from None
+    except OutsideHome:
+        raise
+    except ValueError as e:  # a NUL, or a lone surrogate no file name encodes to
+        raise OutsideHome(f"holds a character no file name can ({e})") from None
     finally:
         for fd in stack:
             os.close(fd)

@@ -175,3 +175,22 @@ def test_a_stopped_containers_stored_sources_are_checked_again_and_the_nodes_own
     with pytest.raises(OutsideHome) as e:
         recheck_stored_sources(["/var/lib/mtgpu/jobs/1/entry", f"{home}/data"], str(home))
     assert str(e.value).startswith(f"the container's mount of {home}/data: bind source {home}/data leaves your home")
+
+
+def test_a_home_that_cannot_be_opened_is_refused_naming_it_not_raised_as_an_os_error(tmp_path):
+    """The member's create answered 500 (a bare FileNotFoundError) for a tenant whose home
+    is missing on this node; every caller catches OutsideHome only."""
+    gone = tmp_path / "homes" / "nobody"
+    with pytest.raises(OutsideHome) as e:
+        resolve_in_home(f"{gone}/data", str(gone))
+    assert str(e.value) == f"cannot be resolved: your home {gone} cannot be opened (No such file or directory)"
+
+
+def test_a_name_no_file_system_can_hold_is_refused_not_raised_as_a_value_error(home):
+    """A NUL or a lone surrogate (json reads "\\ud800") made os.open raise ValueError, which
+    no caller catches: the CLI's devcontainer check crashed with a traceback."""
+    for bad in ("x\0y", "x\ud800"):
+        with pytest.raises(OutsideHome) as e:
+            resolve_in_home(f"{home}/{bad}", str(home))
+        assert str(e.value).startswith("holds a character no file name can (")
+
