@@ -99,7 +99,7 @@ def resolve_in_home(path: str, home: str) -> HomePath:
         try:
             stack.append(os.open(home_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         except OSError as e:
-            raise OutsideHome(f"cannot be resolved: your home {home} cannot be opened "
+            raise OutsideHome(f"cannot be resolved: your home {_printable(home)} cannot be opened "
                               f"({e.strerror})") from None
         while todo:
             name = todo.pop(0)
@@ -130,7 +130,7 @@ def resolve_in_home(path: str, home: str) -> HomePath:
                 if target.startswith("/"):
                     rest = next((r for h in homes if (r := _below(target, h)) is not None), None)
                     if rest is None:
-                        raise OutsideHome(f"leaves your home through the symlink {here} -> {target}")
+                        raise OutsideHome(f"leaves your home through the symlink {here} -> {_printable(target)}")
                     while len(stack) > 1:
                         os.close(stack.pop())
                     names.clear()
@@ -149,7 +149,7 @@ def resolve_in_home(path: str, home: str) -> HomePath:
         if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
             raise OutsideHome(f"is neither a folder nor a regular file ({_shown(home_real, names)})")
         fd = stack.pop()
-        return HomePath(path, _shown(home_real, names), stat.S_ISDIR(mode), fd)
+        return HomePath(path, _joined(home_real, names), stat.S_ISDIR(mode), fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise OutsideHome("is a symlink loop") from None
@@ -157,14 +157,28 @@ def resolve_in_home(path: str, home: str) -> HomePath:
     except OutsideHome:
         raise
     except ValueError as e:  # a NUL, or a lone surrogate no file name encodes to
-        raise OutsideHome(f"holds a character no file name can ({e})") from None
+        raise OutsideHome(f"holds a character no file name can ({_printable(str(e))})") from None
     finally:
         for fd in stack:
             os.close(fd)
 
 
-def _shown(home_real: str, names: list[str]) -> str:
+def _joined(home_real: str, names: list[str]) -> str:
     return "/".join([home_real.rstrip("/"), *names]) if names else home_real
+
+
+def _shown(home_real: str, names: list[str]) -> str:
+    return _printable(_joined(home_real, names))
+
+
+def _printable(text: str) -> str:
+    """`text` as UTF-8 can carry it: the bytes of a name that is not UTF-8 (a symlink's
+    target read back as surrogates) written as \\xNN, so that a refusal naming it can be
+    sent as JSON, logged, and kept as a job's reason."""
+    try:
+        return os.fsencode(text).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate not from a byte (json's "\\ud800")
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def check_source(key: str, written: object, source: str, home: str, what: str = "bind source") -> Problem | None:
@@ -173,7 +187,7 @@ def check_source(key: str, written: object, source: str, home: str, what: str = 
         with resolve_in_home(source, home):
             return None
     except OutsideHome as e:
-        return Problem(key, written, f"{what} {source} {e}; {_MOUNT_FIX}")
+        return Problem(key, written, f"{what} {_printable(source)} {e}; {_MOUNT_FIX}")
 
 
 def source_problems(sources: Iterable[tuple[str, object, str]], home: str) -> list[Problem]:
@@ -213,7 +227,9 @@ def checked_mounts(mounts: Iterable[tuple[str, str, bool]], run_args: Iterable[s
         try:
             out.append((resolved_source(source, home), target, ro))
         except OutsideHome as e:
-            raise OutsideHome(f"the mount of {source} at {target}: bind source {source} {e}; {_MOUNT_FIX}") from None
+            shown = _printable(source)
+            raise OutsideHome(f"the mount of {shown} at {_printable(target)}: bind source {shown} {e}; "
+                              f"{_MOUNT_FIX}") from None
     for key, written, source in host_sources(list(run_args)):
         problem = check_source(key, written, source, home, "host path")
         if problem is not None:

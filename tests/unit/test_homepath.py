@@ -194,3 +194,16 @@ def test_a_name_no_file_system_can_hold_is_refused_not_raised_as_a_value_error(h
             resolve_in_home(f"{home}/{bad}", str(home))
         assert str(e.value).startswith("holds a character no file name can (")
 
+
+def test_names_that_are_not_utf8_are_shown_escaped_so_the_refusal_can_be_sent(home):
+    """A symlink whose target is not UTF-8 (ln -s $'/etc/\\xff') made a message holding a
+    lone surrogate: the server's JSON answer (and a job's reason) could not be encoded."""
+    os.symlink(b"/etc/\xff", os.fsencode(home / "bad"))
+    os.symlink(b"\xfe/x", os.fsencode(home / "rel"))
+    for source in (home / "bad", home / "rel"):
+        problems = source_problems([("mounts[0]", str(source), str(source))], str(home))
+        assert len(problems) == 1
+        problems[0].render().encode("utf-8")  # raised UnicodeEncodeError
+    assert refusal(home / "bad", home) == f"leaves your home through the symlink {home}/bad -> /etc/\\xff"
+    assert refusal(home / "rel", home) == f"does not exist: {home}/\\xfe is missing; create it first"
+
