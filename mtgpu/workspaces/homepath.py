@@ -32,6 +32,7 @@ from mtgpu.workspaces.mounts import Mount
 from mtgpu.workspaces.runargs import host_sources
 
 MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
+PATH_MAX = 4096  # Linux's, with the terminating NUL: no longer path can be handed to podman (ENAMETOOLONG)
 _KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
           stat.S_IFIFO: "a FIFO (named pipe)"}
 _MOUNT_FIX = ("a workspace mounts only folders and regular files of your home: point the source at the "
@@ -81,8 +82,8 @@ def _open(name: str, dir_fd: int) -> int:
 
 def resolve_in_home(path: str, home: str) -> HomePath:
     """Resolve absolute `path` component by component from the home; raise OutsideHome when
-    it leaves the home (a symlink, `..`), is missing, or ends at anything but a folder or a
-    regular file. Run as the tenant, a folder the tenant cannot search stops the walk as it
+    it leaves the home (a symlink, `..`), is missing, ends at anything but a folder or a
+    regular file, or grows past PATH_MAX (every folder of the walk is held open for `..`). Run as the tenant, a folder the tenant cannot search stops the walk as it
     would stop the tenant's own podman. `home` is the tenant's home (its own path is the
     node's, not the tenant's to change)."""
     if not path.startswith("/"):
@@ -140,6 +141,9 @@ def resolve_in_home(path: str, home: str) -> HomePath:
                 continue
             stack.append(fd)
             names.append(name)
+            if len(os.fsencode(_joined(home_real, names))) >= PATH_MAX:  # each folder held open: bounded here
+                raise OutsideHome(f"is longer than the {PATH_MAX - 1} bytes a path may have once resolved "
+                                  f"(Linux's PATH_MAX), at {here[:200]}...")
             if todo and not stat.S_ISDIR(mode):
                 raise OutsideHome(f"goes through {here}, which is not a folder")
         mode = os.fstat(stack[-1]).st_mode

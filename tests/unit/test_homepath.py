@@ -207,3 +207,24 @@ def test_names_that_are_not_utf8_are_shown_escaped_so_the_refusal_can_be_sent(ho
     assert refusal(home / "bad", home) == f"leaves your home through the symlink {home}/bad -> /etc/\\xff"
     assert refusal(home / "rel", home) == f"does not exist: {home}/\\xfe is missing; create it first"
 
+
+def test_a_path_longer_than_the_kernel_takes_once_resolved_is_refused(home):
+    """Every folder of the walk is held open (for '..'): a path of thousands of nested
+    folders, or one made longer by symlinks, held as many descriptors in the member's
+    process. The walk stops where the resolved path passes PATH_MAX (4096 bytes), which
+    podman could not mount anyway."""
+    name = "n" * 250
+    fd = os.open(home, os.O_PATH)
+    try:
+        for _ in range(17):  # 17 levels of 251 bytes: 4267 bytes below the home, too long for mkdir(path)
+            os.mkdir(name, dir_fd=fd)
+            nxt = os.open(name, os.O_PATH, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
+    msg = refusal(str(home) + f"/{name}" * 17, home)
+    assert msg.startswith("is longer than the 4095 bytes a path may have once resolved (Linux's PATH_MAX)"), msg
+    (home / "deep").symlink_to("/".join([name] * 15))  # as long through a symlink
+    assert refusal(f"{home}/deep/{name}/{name}", home).startswith("is longer than the 4095 bytes")
+    assert resolved_source(str(home) + f"/{name}" * 2, str(home)) == str(home) + f"/{name}" * 2
