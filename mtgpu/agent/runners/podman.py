@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 CACHE_MOUNT = "/mtgpu-cache"
 SCRIPT_MOUNT = "/.mtgpu/job"
+NODE_ENTRY_FILE = "entry"  # a workspace's entry script, in its job folder (podman.root/jobs/ID, root's)
 PODMAN_EXITS = (125, 126, 127)  # podman's, or the runtime's, when its `Error:` line ends the log
 
 
@@ -127,8 +128,10 @@ class ContainerRunner(NativeRunner):
             layer = self._recommit(tenant, launch.job_id)  # other GPUs now: its layer goes into a new container
         if existing is None or layer is not None:
             shutil.rmtree(files, ignore_errors=True)
-            files.mkdir(mode=0o700)
-            os.chown(files, launch.uid, launch.gid)
+            files.mkdir(mode=0o711)
+            os.chmod(files, 0o711)  # root's, as every folder above it: the tenant cannot swap a file it holds
+        else:
+            _seal_node_folder(files)
 
         inner = _renumbered(env)
         inner.update({"PIP_CACHE_DIR": f"{CACHE_MOUNT}/pip", "HF_HOME": f"{CACHE_MOUNT}/huggingface",
@@ -180,7 +183,7 @@ class ContainerRunner(NativeRunner):
                                   f"[CONTAINERS] network is {network!r}; an admin sets network = \"slirp4netns\"")
             ports = dict(zip(ws.ports, pick_host_ports(len(ws.ports))))
             self._guard(launch, ports)
-            self._write_owned(files / "entry", entry_script(ws), launch, 0o500)
+            self._write_owned(files / NODE_ENTRY_FILE, entry_script(ws), launch, 0o500)
             uid, gid = self._image_user(tenant, run_as, image, ws.user) if ws.user else (WS_UID, WS_UID)
             # root inside is the tenant itself: the rootless default mapping (keep-id onto uid 0 fails in runc)
             userns = f"--userns=keep-id:uid={uid},gid={gid}" if uid else "--userns="
@@ -211,7 +214,7 @@ class ContainerRunner(NativeRunner):
             if os.path.isdir(SLURM_BIN_DIR):  # our srun, at the path the job's PATH names
                 argv += ["-v", f"{SLURM_BIN_DIR}:{SLURM_BIN_DIR}:ro"]
         else:
-            argv += ["-v", f"{files / 'entry'}:{ENTRY_MOUNT}:ro"]
+            argv += ["-v", f"{files / NODE_ENTRY_FILE}:{ENTRY_MOUNT}:ro"]
             for source, target, ro in mounts:  # resolved: no symlink of the tenant's left for podman to follow
                 argv += ["-v", f"{source}:{target}" + (":ro" if ro else "")]
         for path in self.read_only:
@@ -582,6 +585,34 @@ class ContainerRunner(NativeRunner):
 
     def active_tokens(self) -> set[str]:
         return {r.state.get("run_token", "") for r in self._runs.values()}
+
+
+def _seal_node_folder(files: Path) -> None:
+    """The job folder a kept workspace container mounts its entry file from, root's and
+    closed to the tenant's writes before podman follows the path again at `podman start`.
+    A folder made before the node's files lived in root's folders (the tenant's, 0700) is
+    taken back; an entry file the tenant replaced meanwhile (anything but a regular file)
+    is refused: the workspace is made again by `mt-container rm` and `create`."""
+    try:
+        fd = os.open(files, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise RunnerError(f"the workspace's job folder {files} cannot be opened ({e.strerror}); remove the "
+                          "workspace and create it again") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != 0 or st.st_gid != 0 or stat.S_IMODE(st.st_mode) != 0o711:
+            os.fchown(fd, 0, 0)
+            os.fchmod(fd, 0o711)
+        entry = os.stat(NODE_ENTRY_FILE, dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISREG(entry.st_mode):
+            raise RunnerError(f"the workspace's entry file {files / NODE_ENTRY_FILE} is no longer the node's "
+                              "(it was replaced by something that is not a regular file); remove the workspace "
+                              "(mt-container rm) and create it again")
+    except FileNotFoundError:
+        raise RunnerError(f"the workspace's entry file {files / NODE_ENTRY_FILE} is missing; remove the workspace "
+                          "(mt-container rm) and create it again") from None
+    finally:
+        os.close(fd)
 
 
 def _ppid(pid: int) -> int | None:
