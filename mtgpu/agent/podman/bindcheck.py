@@ -12,7 +12,7 @@ inode at its target, walked from the waiting process's own root (/proc/PID/root,
 container's mount namespace, no symlink followed), must be the very inode its source
 resolves to on the member's file system: inside the home for the tenant's sources
 (resolve_in_home, as at every check), a regular file for the node's own files in the
-tenant-owned job folder (the node's other sources, read-only roots an admin set, are not
+job folder (root's, so not swappable, but checked all the same; the node's other sources, read-only roots an admin set, are not
 the tenant's to swap, and podman's own, /etc/hosts and the like, come from the tenant's own
 store, as everything its own podman does: docs/ISOLATION.md). Anything else
 names the mount, what runc mounted there (its file system and path, from mountinfo) and
@@ -73,7 +73,7 @@ def _mounted(root_fd: int, target: str) -> os.stat_result:
 
 def _swappable(source: str, home: str, node_files: str | None) -> bool:
     """A source the tenant can swap: below its home (the home itself is the node's path),
-    or the node's file in the job folder the tenant owns. The node's other sources (its
+    or the node's file in the job folder (root's: checked all the same). The node's other sources (its
     read-only roots) and podman's own (/etc/hosts, ...: the tenant's store) are not checked."""
     homes = (home.rstrip("/"), os.path.realpath(home))
     return (any(_below(source, h) and source.rstrip("/") != h for h in homes)
