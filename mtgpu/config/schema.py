@@ -541,6 +541,12 @@ class Config(BaseModel):
     PERSISTENT_TERMINALS: Annotated[Literal["on", "optional", "off"], BeforeValidator(_terminals)] = Field(
         "on", description="SSH sessions in tmux: on, optional (user opts in) or off"
     )
+    SESSION_GPUS: Literal["none", "all"] = Field(
+        "none",
+        description="(our addition) what tenants' sessions outside their jobs (SSH logins, their own podman) may open: "
+                    "none (GPUs only through a job, a session attached to one or a workspace) or all (a single-user "
+                    "workstation); docs/ISOLATION.md",
+    )
     GPU_BACKEND: Literal["auto", "nvml", "amd", "intel", "simulated"] = Field(
         "auto", description="auto-detect (NVML, AMD SMI, Intel), one of them, or simulated (SIMULATED_GPUS)"
     )

@@ -104,11 +104,22 @@ def hold_member_above_jobs(agent: LocalAgent) -> None:
                     "can delay its reports past MEMBER_DOWN_AFTER_S", why)
 
 
+def open_sessions_if_asked(agent: LocalAgent, setting: str) -> None:
+    """SESSION_GPUS = "all" (a single-user workstation): what tenants run outside their jobs
+    may open every GPU; the default "none" keeps the sessions group fenced (docs/ISOLATION.md)."""
+    cgroups = getattr(agent.runner, "cgroups", None)
+    if setting == "all" and cgroups is not None:
+        cgroups.open_sessions()
+        log.warning('SESSION_GPUS = "all": tenants\' SSH sessions and their own podman can open every GPU of this '
+                    "node, also the ones other tenants' jobs hold")
+
+
 def build_service(config: Config) -> MemberService:
     state_dir = Path(config.STATE_DIR)
     prepare_state_dir(state_dir)
     agent = LocalAgent.open(state_dir, config.GPU_BACKEND, simulated_gpu_dicts(config), node_name=config.NODE_NAME,
                             containers=container_settings(config))
+    open_sessions_if_asked(agent, config.SESSION_GPUS)
     hold_member_above_jobs(agent)
     links = []
 

@@ -134,6 +134,7 @@ class CgroupManager:
         self._jobs: dict[int, JobCgroup] = {}
         self._sessions_deny: list[tuple[str, int, int]] = []  # fence_sessions(): every GPU's device nodes
         self._sessions_fenced: set[str] = set()  # hierarchies whose sessions group has that denial
+        self._sessions_open = False  # open_sessions(): SESSION_GPUS = "all", the group denies nothing
         if os.path.exists(os.path.join(root, "cgroup.controllers")):
             self.version = "v2"
             self._detect_v2(Path(root))
@@ -476,14 +477,47 @@ class CgroupManager:
     def fence_sessions(self, deny_devices: list[tuple[str, int, int]]) -> None:
         """What tenants run outside their jobs (their SSH sessions, the podman they run
         there, mt-podman) holds no GPU: the sessions group is denied these device nodes,
-        every GPU's, from the next place_sessions() on (docs/ISOLATION.md)."""
+        every GPU's, from the next place_sessions() on (docs/ISOLATION.md). After
+        open_sessions() (SESSION_GPUS = "all") the group stays open."""
+        if self._sessions_open:
+            return
         self._sessions_deny = list(deny_devices)
         self._sessions_fenced = set()
+
+    def open_sessions(self) -> None:
+        """SESSION_GPUS = "all" (a single-user workstation): the sessions group denies no
+        device node; a denial an earlier start left on it (the group outlives a member whose
+        sshd or sessions still run) is lifted at the next place_sessions()."""
+        self._sessions_deny = []
+        self._sessions_open = True
+        self._sessions_fenced = set()
+
+    def _open_sessions(self, problems: list[str]) -> None:
+        """Lift the sessions group's device rules, if the group exists: v1 `devices.allow a`
+        (every device, as its parent allows), v2 every device program attached to it."""
+        for ctrl in ("devices", "unified"):
+            base = self.bases.get(ctrl)
+            if base is None or ctrl in self._sessions_fenced:
+                continue
+            group = base.with_name(self.parent + SESSIONS_SUFFIX)
+            if group.is_dir():
+                try:
+                    if ctrl == "devices":
+                        _write(group / "devices.allow", "a")
+                    else:
+                        devbpf.detach_all(str(group))
+                except (OSError, ValueError) as e:
+                    problems.append(f"{group}: its earlier GPU fence could not be lifted ({devbpf.reason(e)})")
+                    continue
+            self._sessions_fenced.add(ctrl)
 
     def _fence_sessions(self, problems: list[str]) -> None:
         """Write the sessions group's device denial once per hierarchy (v1 devices.deny,
         v2 a device program; on v2 a restart that finds the group still there attaches one
         more, the same)."""
+        if self._sessions_open:
+            self._open_sessions(problems)
+            return
         deny = self._sessions_deny
         if not deny:
             return

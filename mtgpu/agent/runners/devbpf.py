@@ -35,6 +35,7 @@ SYSCALL_BPF = {"x86_64": 321, "aarch64": 280}
 BPF_PROG_LOAD = 5
 BPF_PROG_ATTACH = 8
 BPF_PROG_DETACH = 9
+BPF_PROG_GET_FD_BY_ID = 13
 BPF_PROG_QUERY = 16
 
 BPF_PROG_TYPE_CGROUP_DEVICE = 15
@@ -271,6 +272,38 @@ def attach(prog_fd: int, cgroup_dir: str) -> None:
             except OSError as d:
                 raise StillAttached(d.errno, f"{e.strerror}; and {d.strerror}: remove the cgroup {cgroup_dir}") from e
             raise
+    finally:
+        os.close(dir_fd)
+
+
+class _GetFdByIdAttr(ctypes.Structure):
+    _fields_ = [("prog_id", ctypes.c_uint32), ("next_id", ctypes.c_uint32), ("open_flags", ctypes.c_uint32)]
+
+
+def detach_all(cgroup_dir: str) -> int:
+    """Detach every device program attached to the cgroup v2 directory `cgroup_dir` itself
+    (not those above it, which keep running for it); returns how many were detached."""
+    dir_fd = _open_dir(cgroup_dir)
+    try:
+        attr = _QueryAttr(target_fd=dir_fd, attach_type=BPF_CGROUP_DEVICE)  # attached here, not the effective ones
+        _bpf(BPF_PROG_QUERY, attr, f"querying the device programs of {cgroup_dir} (BPF_PROG_QUERY)")
+        count = attr.prog_cnt
+        if count == 0:
+            return 0
+        ids = (ctypes.c_uint32 * count)()
+        attr = _QueryAttr(target_fd=dir_fd, attach_type=BPF_CGROUP_DEVICE, prog_ids=ctypes.addressof(ids),
+                          prog_cnt=count)
+        _bpf(BPF_PROG_QUERY, attr, f"querying the device programs of {cgroup_dir} (BPF_PROG_QUERY)")
+        for prog_id in ids[:attr.prog_cnt]:
+            prog_fd = _bpf(BPF_PROG_GET_FD_BY_ID, _GetFdByIdAttr(prog_id=prog_id),
+                           f"opening device program {prog_id} (BPF_PROG_GET_FD_BY_ID)")
+            try:
+                _bpf(BPF_PROG_DETACH, _AttachAttr(target_fd=dir_fd, attach_bpf_fd=prog_fd,
+                                                  attach_type=BPF_CGROUP_DEVICE),
+                     f"detaching device program {prog_id} from {cgroup_dir} (BPF_PROG_DETACH)")
+            finally:
+                os.close(prog_fd)
+        return attr.prog_cnt
     finally:
         os.close(dir_fd)
 
