@@ -1,4 +1,5 @@
-"""mt-job: submit, list, show, cancel and read the logs of your jobs; `usage` adds up what they used.
+"""mt-job: submit, list, show, cancel and read the logs of your jobs; `usage` adds up what they used;
+`attach` joins a running one (its GPUs), `gpus` lists the GPUs this session can open.
 
 Every `#MTGPU` directive is also a flag of `submit` (`--gpus nvidia:1`, `--gpu-mode shared`);
 flags win over the file. `--wrap CMD` submits a one-line command without a file. A Slurm
@@ -22,7 +23,7 @@ from ..jobfile.sbatch import cli_option_length
 from ..model.job import JobState
 from .common import (err, fail, gpu_text, out, print_fields, print_json, print_jobs_table, print_warnings,
                      request, size, when)
-from . import squeue
+from . import attach as sessions, squeue
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, follow_to_end, print_log
 from .usage import checked, print_report, since_option, until_option
 
@@ -221,6 +222,26 @@ def usage(
     checked(since, until, by, ("model", "day", "node"))
     report = request(_client, lambda c: c.usage(since, until, by, mine=True))
     print_report(report, json_out, "usage of your finished jobs")
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def attach(
+    job_id: int,
+    command: Optional[list[str]] = typer.Argument(None, help="what to run in the job (default: your shell)"),
+    hold: bool = typer.Option(False, "--hold", hidden=True, help="on a refusal, wait for Enter (a tmux pane)"),
+) -> None:
+    """Join your running job on this node (Slurm's srun --jobid=ID --overlap --pty): `mt-job attach ID [-- CMD...]`.
+    This shell (or CMD) then opens exactly the job's GPUs, sees its CUDA_VISIBLE_DEVICES and the like, counts
+    against its CPU and memory, and ends when the job ends. Over SSH: `ssh -o SetEnv=MTGPU_JOB=ID ...`."""
+    command = list(command or [])
+    sessions.attach(job_id, command[1:] if command[:1] == ["--"] else command, hold)
+
+
+@app.command()
+def gpus(json_out: bool = typer.Option(False, "--json", help="print one JSON document")) -> None:
+    """The GPUs of this node this session can open, with their use now (nvidia-smi's view in a reservation):
+    in a job or an attached session its GPUs, in a plain SSH session none."""
+    sessions.gpus(json_out)
 
 
 def main() -> None:

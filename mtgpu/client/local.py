@@ -71,6 +71,15 @@ class LocalClient:
         body = {**({"load": load} if load else {}), **({"enter": enter} if enter else {})}
         return self._call("POST", "/v1/podman/env", json=body or None, timeout=1800)
 
+    def attach(self, job_id: int) -> dict:
+        """Move this process into the caller's running job `job_id` on this node (its cgroups:
+        the job's GPUs only); the answer carries the job's environment."""
+        return self._call("POST", f"/v1/jobs/{job_id}/attach")
+
+    def gpus_here(self) -> list[dict]:
+        """This node's GPUs, their device nodes and telemetry."""
+        return self._call("GET", "/v1/gpus/here")
+
     def health(self) -> dict:
         return self._call("GET", "/v1/health")
 

@@ -33,6 +33,7 @@ from .encoding import in_turn, list_response
 from .identity import Caller, caller_from_peer
 from .logs import LogResponse
 from .report_protocol import REPORT_PATH, take_report
+from . import sessions
 from .service import MemberService, ServiceError
 from .tenants import TenantService
 from .workspaces import WorkspaceRequest, WorkspaceService
@@ -155,6 +156,16 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
     def podman_env(request: Request, body: PodmanEnvRequest | None = None) -> dict:
         """The environment the caller's podman runs with here (prepared on first call)."""
         return service.podman_env(caller(request), body.load if body else None, body.enter if body else None)
+
+    @app.post("/v1/jobs/{job_id}/attach")
+    def attach(job_id: int, request: Request) -> dict:
+        """The calling process joins its running job's cgroups here (mt-job attach): the job's GPUs only."""
+        return sessions.attach(service, caller(request), job_id)
+
+    @app.get("/v1/gpus/here")
+    def gpus_here(request: Request) -> list[dict]:
+        """This member's GPUs with their device nodes and telemetry (mt-job gpus)."""
+        return sessions.local_gpus(service, caller(request))
 
     @app.get("/v1/nodes")
     def nodes(request: Request) -> list[dict]:
