@@ -15,8 +15,9 @@ from dataclasses import dataclass
 PERSISTENT_TERMINAL_MODES = ("on", "optional", "off")
 
 # Variables a client may send (`SendEnv`/`SetEnv`); MTGPU_TERMINAL opts a single
-# terminal in or out of tmux; MTGPU_WORKSPACE lands the login in a workspace.
-ACCEPTED_ENV = ("LANG", "LC_*", "MTGPU_TERMINAL", "MTGPU_WORKSPACE")
+# terminal in or out of tmux; MTGPU_WORKSPACE lands the login in a workspace, MTGPU_JOB in
+# one of the tenant's running jobs (its GPUs).
+ACCEPTED_ENV = ("LANG", "LC_*", "MTGPU_TERMINAL", "MTGPU_WORKSPACE", "MTGPU_JOB")
 
 _GROUP_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
 

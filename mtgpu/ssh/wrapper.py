@@ -15,6 +15,10 @@ but the standard library and starts in a few milliseconds. sshd runs it for ever
 * MTGPU_WORKSPACE=NAME (`ssh -o SetEnv=MTGPU_WORKSPACE=NAME`): the same, inside the
   tenant's workspace NAME (`mt-container shell`/`exec`), in a tmux session `ws-NAME`
   per PERSISTENT_TERMINALS; sftp stays on the node.
+* MTGPU_JOB=ID (`ssh -o SetEnv=MTGPU_JOB=ID`): the same, adopted by the tenant's running
+  job ID on this node (`mt-job attach ID`: the job's cgroups, so exactly its GPUs, and its
+  CUDA_VISIBLE_DEVICES), in a tmux session `job-ID` per PERSISTENT_TERMINALS; sftp stays
+  in the session (no GPU). Without either, a session holds no GPU (docs/ISOLATION.md).
 
 Do not import anything of mtgpu here: this file runs outside the package.
 """
@@ -33,6 +37,7 @@ SFTP_SERVER_CANDIDATES = (
 TMUX_CANDIDATES = ("/usr/bin/tmux", "/usr/local/bin/tmux", "/bin/tmux")
 DEFAULT_SESSION = "main"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_JOB_RE = re.compile(r"^[0-9]{1,12}$")
 
 PLAIN_WORDS = ("plain", "shell", "no-tmux", "off", "0", "no")
 TMUX_WORDS = ("tmux", "on", "1", "yes")
@@ -122,6 +127,26 @@ def workspace_argv(name, command, use_tmux, tmux, session):
     return base + ["shell", name]
 
 
+def job_argv(job, command, use_tmux, tmux, session, shell):
+    """What an SSH login adopted by the job `job` runs (None: `job` is not a job id): `mt-job
+    attach`, which moves itself into the job's cgroups before it execs the command or the
+    shell. In tmux the pane's own process does so (the tmux server stays in the sessions
+    group, which holds no GPU); `env` carries what it needs into a tmux server started by
+    an earlier login, and --hold keeps a refusal on screen."""
+    if not _JOB_RE.match(job):
+        return None
+    python = os.environ.get("MTGPU_PYTHON") or "/usr/bin/python3"
+    base = [python, "-m", "mtgpu.cli.job", "attach"]
+    if command is not None:
+        return base + [job, "--", shell, "-c", command]
+    if use_tmux and tmux:
+        keep = [f"{k}={os.environ[k]}" for k in ("PYTHONPATH", "MTGPU_SOCKET") if os.environ.get(k)]
+        line = ["env", *keep, *base, "--hold", job]
+        return [tmux, "new-session", "-A", "-s", "job-" + job if session == DEFAULT_SESSION else session,
+                " ".join(_quote(a) for a in line)]
+    return base + [job]
+
+
 def _quote(word):
     return word if re.match(r"^[A-Za-z0-9_./=:-]+$", word) else "'" + word.replace("'", "'\\''") + "'"
 
@@ -131,6 +156,23 @@ def main(argv):
     shell = _user_shell()
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
     workspace = os.environ.get("MTGPU_WORKSPACE")
+    job = os.environ.get("MTGPU_JOB")
+    if workspace and job:
+        sys.stderr.write("mtgpu: set MTGPU_WORKSPACE or MTGPU_JOB, not both: a session lands in one reservation\n")
+        return 2
+    if job and not (command or "").startswith("internal-sftp"):
+        has_tty = os.isatty(0) and os.isatty(1)
+        use_tmux, session, warning = terminal_choice(
+            opts["terminals"], os.environ.get("MTGPU_TERMINAL"), os.environ.get("HOME"), has_tty)
+        if warning:
+            sys.stderr.write(warning + "\n")
+        if os.environ.get("MTGPU_PKG_ROOT"):
+            os.environ["PYTHONPATH"] = os.environ["MTGPU_PKG_ROOT"]
+        target = job_argv(job, command, use_tmux, _first_executable(opts["tmux"], TMUX_CANDIDATES), session, shell)
+        if target is None:
+            sys.stderr.write(f"mtgpu: MTGPU_JOB={job!r} is not a job id (a number, as `mt-job list` shows)\n")
+            return 2
+        os.execv(target[0], target)
     if workspace and not (command or "").startswith("internal-sftp"):
         has_tty = os.isatty(0) and os.isatty(1)
         use_tmux, session, warning = terminal_choice(

@@ -55,7 +55,7 @@ def directives(text: str) -> dict[str, list[str]]:
     ("allowtcpforwarding", "yes"),
     ("permittunnel", "no"),
     ("authorizedkeysfile", "/var/lib/mtgpu/ssh/authorized_keys/%u"),
-    ("acceptenv", "LANG LC_* MTGPU_TERMINAL MTGPU_WORKSPACE"),
+    ("acceptenv", "LANG LC_* MTGPU_TERMINAL MTGPU_WORKSPACE MTGPU_JOB"),
     ("subsystem", "sftp internal-sftp"),
     ("forcecommand", "/var/lib/mtgpu/ssh/mtgpu-login --terminals on"),
     ("pidfile", "/var/lib/mtgpu/ssh/sshd.pid"),
