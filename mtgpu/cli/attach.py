@@ -63,13 +63,14 @@ def attach(job_id: int, command: list[str], hold: bool = False) -> None:
 
 
 def opens(path: str) -> bool | None:
-    """Whether this process may open the device node at `path`: True when the open got past
-    the device cgroup (also when no driver answered: ENXIO, a simulated GPU), False when it
-    was refused (EPERM, EACCES), None when there is no such node here."""
+    """Whether the device cgroup lets this process open the device node at `path`: True when
+    the open got past it (also when no driver answered, ENXIO: a simulated GPU; or the file's
+    mode refused it, EACCES: a DRM node of a group the tenant is not in, which is no fence),
+    False when it refused (EPERM), None when there is no such node here."""
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
     except OSError as e:
-        if e.errno in (errno.EPERM, errno.EACCES):
+        if e.errno == errno.EPERM:
             return False
         if e.errno == errno.ENOENT:
             return None
