@@ -376,6 +376,11 @@ def test_with_allow_user_images_a_tenants_own_image_runs_and_a_missing_one_is_re
         # a workspace in it too, before anything is reserved
         r = node.run_cli("mtgpu.cli.container", tenant, "create", "--image", "localhost/not-there:1")
         assert r.returncode == 2 and "localhost/not-there:1" in r.stderr and "own store" in r.stderr, r.stderr
+        # a name podman would read as an option, or refuse itself: refused naming it, before podman is asked
+        r = node.mt_job(tenant, "submit", "--container", "Foo:1", "--wrap", "echo never")
+        assert r.returncode == 2 and "'Foo' is not in lower case" in r.stderr, (r.returncode, r.stderr)
+        r = node.run_cli("mtgpu.cli.container", tenant, "create", "--image=--help")
+        assert r.returncode == 2 and "image '--help' is not an image name" in r.stderr, (r.returncode, r.stderr)
 
 
 def test_a_tenants_own_image_is_looked_for_on_the_member_taking_the_request_and_the_job_pinned_there(alice, base):

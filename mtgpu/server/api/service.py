@@ -27,7 +27,8 @@ from ...storage.quota import check_submission, detect_quota_backend, quota_warni
 from .batching import SubmitBatcher, commit_until_decided
 from ...accounts.lookup import tenant_home_of
 from .identity import Caller
-from ..member.own_images import OwnImageCheck, OwnImageError, in_store, missing, own_image_check, pinned
+from ..member.own_images import (OwnImageCheck, OwnImageError, in_store, missing, own_image_check, pinned,
+                                 unreadable_image)
 from ..member.retention import apply_retention, retention_report
 from ..member.runtime import Member
 from ..member.view import build_snapshot
@@ -125,6 +126,9 @@ class MemberService:
         machine = self.store.machine
         with self.store.lock:
             snapshot = build_snapshot(machine, {})
+        bad = unreadable_image(spec, snapshot)  # before podman is handed it, here or on another member
+        if bad:
+            raise ServiceError(422, f"refused: {bad}", refused=True)
         own = own_image_check(spec, snapshot, self.node_name)
         note = None
         if own is not None:  # a tenant's own image: in its store here, or refused now (member/own_images.py)

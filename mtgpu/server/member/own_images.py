@@ -17,10 +17,16 @@ STATE_DIR, node-local), so a member sees only the tenant's store on itself. The 
   run tenants' own images) the store that counts cannot be seen from here: the job is
   accepted, and the member that starts it fails it with podman's message when the image
   is not in the tenant's store there.
+
+Wherever it is looked for, an image the cluster does not offer must be written as an image
+reference (`name_problem`): podman is handed it as an argument, and a name such as `--help`
+(a workspace's --image is free text) was read as an option, `podman image exists --help`
+answering 0 ("found"), and `Foo:1` answered 500 with podman's "must be lowercase".
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass, replace
 
@@ -28,6 +34,42 @@ from ...agent.podman.tenant import TenantPodman, last_error
 from ...model.cluster import ClusterSnapshot
 from ...model.job import JobSpec
 from ...sched.containers import offered_images
+
+
+# containers/image's docker/reference grammar (ASCII only): [DOMAIN/]PATH[:TAG][@DIGEST]
+_DOMAIN_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_DOMAIN = re.compile(rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?")
+_PATH_PART = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
+MAX_NAME_CHARS = 255
+_NAME_FIX = "write it as [REGISTRY/]NAME[:TAG][@DIGEST], the NAME in lower case (e.g. localhost/my-image:1)"
+
+
+def name_problem(image: str) -> str | None:
+    """Why `image` is not an image reference podman can look up (None when it is), with
+    the fix: what the tenant's own podman would refuse, found before it is asked."""
+    name, at, digest = image.partition("@")
+    if at and not _DIGEST.fullmatch(digest):
+        return f"image {image!r} has a digest that is not ALGORITHM:HEX ({digest!r}); {_NAME_FIX}"
+    slash, colon = name.rfind("/"), name.rfind(":")
+    if colon > slash:
+        name, tag = name[:colon], name[colon + 1:]
+        if not _TAG.fullmatch(tag):
+            return f"image {image!r} has a tag that is not 1-128 letters, digits, '_', '.' and '-' ({tag!r}); {_NAME_FIX}"
+    if len(name) > MAX_NAME_CHARS:
+        return f"image {image[:80]!r}... has a name of {len(name)} characters, more than {MAX_NAME_CHARS}"
+    first, sep, rest = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):  # as podman splits off a registry
+        if not _DOMAIN.fullmatch(first):
+            return f"image {image!r} names the registry {first!r}, which is not a host name[:port]; {_NAME_FIX}"
+        name = rest
+    for part in name.split("/"):
+        if not _PATH_PART.fullmatch(part):
+            why = "is not in lower case" if _PATH_PART.fullmatch(part.lower()) else \
+                "is not lower-case letters and digits joined by '.', '_', '__' or '-'"
+            return f"image {image!r} is not an image name: {part!r} {why}; {_NAME_FIX}"
+    return None
 
 
 class OwnImageError(RuntimeError):
@@ -41,6 +83,15 @@ class OwnImageCheck:
     image: str
     node: str
     others_could: bool  # another member runs tenants' own images too (the job is pinned away from it)
+
+
+def unreadable_image(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
+    """Why the job's image, one the cluster does not offer (a tenant's own, on whichever
+    member), is not an image name podman can read; None when it is (or is offered)."""
+    image = spec.container
+    if not image or image in offered_images(snapshot):
+        return None
+    return name_problem(image)
 
 
 def own_image_check(spec: JobSpec, snapshot: ClusterSnapshot, here: str) -> OwnImageCheck | None:
@@ -58,9 +109,10 @@ def own_image_check(spec: JobSpec, snapshot: ClusterSnapshot, here: str) -> OwnI
 
 
 def in_store(tenant: TenantPodman, image: str) -> bool:
-    """`podman image exists IMAGE` as the tenant: the lookup `podman run` makes."""
+    """`podman image exists IMAGE` as the tenant: the lookup `podman run` makes (`image`
+    passed name_problem; after "--", so that it is never read as an option)."""
     try:
-        r = tenant.run(["image", "exists", image], timeout_s=60)
+        r = tenant.run(["image", "exists", "--", image], timeout_s=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise OwnImageError(f"podman could not be asked about image {image}: {e}") from None
     if r.returncode in (0, 1):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mtgpu.model.cluster import NodeContainers
-from mtgpu.server.member.own_images import own_image_check, pinned
+from mtgpu.server.member.own_images import name_problem, own_image_check, pinned, unreadable_image
 from tests.unit.sched.builders import cluster, make_node, make_spec
 
 BASE = "localhost/base:1"
@@ -48,3 +48,26 @@ def test_a_job_whose_image_is_found_here_is_pinned_here_and_told_so_when_others_
     assert spec.server == "a" and "your store on a" in note and "server=MEMBER" in note
     spec, note = pinned(make_spec(container=OWN, server="a"), own_image_check(make_spec(container=OWN), two, "a"))
     assert spec.server == "a" and note is None
+
+
+def test_an_image_not_offered_must_be_an_image_name_podman_reads_as_one():
+    """The image is handed to podman as an argument: `--help` (a workspace's --image is free
+    text) was read as an option (`podman image exists --help` answered 0, "found"), and
+    `Foo:1` answered 500 with podman's 'repository name must be lowercase'. Names as
+    containers/image's reference grammar reads them (checked against podman 4.3's answers)."""
+    for good in ("ubuntu", "localhost/base:1", "docker.io/library/python:3.12", "localhost:5000/a/b:x",
+                 "my__img", "a-b--c", "Registry.Example.com/x/y", "sha256:" + "a" * 64, "x@sha256:" + "0" * 64,
+                 "localhost/mtgpu-saved/alice/ws:latest"):
+        assert name_problem(good) is None, good
+    for bad, why in (("--help", "'--help' is not lower-case letters"), ("Foo:1", "'Foo' is not in lower case"),
+                     ("localhost/UP", "'UP' is not in lower case"), ("x..y", "is not lower-case letters"),
+                     ("a___b", "is not lower-case"), ("localhost/x:", "has a tag that is not"),
+                     ("x@sha256:zz", "has a digest that is not"), ("/bin/sh", "is not an image name"),
+                     ("a b", "is not lower-case"), ("x" * 256, "more than 255")):
+        problem = name_problem(bad)
+        assert problem is not None and why in problem, (bad, problem)
+    snap = cluster(make_node("a", containers=OFFERS))
+    assert unreadable_image(make_spec(container="--help"), snap).startswith("image '--help' is not an image name")
+    assert "[REGISTRY/]NAME[:TAG][@DIGEST]" in unreadable_image(make_spec(container="Foo:1"), snap)
+    assert unreadable_image(make_spec(container=BASE), snap) is None
+    assert unreadable_image(make_spec(), snap) is None
