@@ -83,8 +83,9 @@ def _open(name: str, dir_fd: int) -> int:
 def resolve_in_home(path: str, home: str) -> HomePath:
     """Resolve absolute `path` component by component from the home; raise OutsideHome when
     it leaves the home (a symlink, `..`), is missing, ends at anything but a folder or a
-    regular file, or grows past PATH_MAX (every folder of the walk is held open for `..`). Run as the tenant, a folder the tenant cannot search stops the walk as it
-    would stop the tenant's own podman. `home` is the tenant's home (its own path is the
+    regular file, or grows past PATH_MAX (every folder of the walk is held open for `..`).
+    Run as the tenant, a folder the tenant cannot search stops the walk as it would stop
+    the tenant's own podman. `home` is the tenant's home (its own path is the
     node's, not the tenant's to change)."""
     if not path.startswith("/"):
         raise OutsideHome("is not an absolute path")
