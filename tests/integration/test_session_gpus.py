@@ -170,6 +170,20 @@ def test_mt_job_attach_in_a_plain_session_opens_that_jobs_gpu_and_refuses_what_i
                             (f"{MT_JOB} attach 999999 -- true", None))
         assert opens(attached) == (*expected(mine), str(mine))
         assert bad.exit_status != 0 and "no job 999999 of yours" in bad.stderr, bad.stderr
+
+        async def refused_terminal():  # in tmux the refusal stays on the pane until Enter
+            conn = await lab.asyncssh.connect("127.0.0.1", lab.ssh_port, username=lab.user.name,
+                                              client_keys=[lab.key], known_hosts=None)
+            try:
+                proc = await conn.create_process(term_type="xterm", term_size=(160, 40), env={"MTGPU_JOB": "999999"})
+                seen = await asyncio.wait_for(proc.stdout.readuntil("press Enter to close"), 60)
+                proc.stdin.write("\n")
+                await asyncio.wait_for(proc.wait(), 60)  # the pane closed, and with it the login
+                return seen
+            finally:
+                conn.close()
+
+        assert "no job 999999 of yours" in asyncio.run(asyncio.wait_for(refused_terminal(), 120))
     finally:
         lab.node.mt_job(lab.user, "cancel", str(jid))
     lab.node.wait_state(jid, "cancelled", timeout_s=60)
