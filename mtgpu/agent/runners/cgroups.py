@@ -327,9 +327,15 @@ class CgroupManager:
             enf["pids"] = f"{tag} (max {self.pids_max})"
         if allow_devices is not None and "devices" in p:  # nothing but these: no process is in it yet
             _write(f"{p['devices']}/devices.deny", "a")
+            above = []  # denied by a group above (the kernel refuses to allow them here): they stay denied
             for typ, major, minor in allow_devices:
-                _write(f"{p['devices']}/devices.allow", f"{typ} {major}:{'*' if minor is None else minor} rwm")
-            enf["devices"] = f"{tag} ({len(allow_devices)} nodes allowed)"
+                rule = f"{typ} {major}:{'*' if minor is None else minor}"
+                try:
+                    _write(f"{p['devices']}/devices.allow", f"{rule} rwm")
+                except PermissionError:
+                    above.append(rule)
+            enf["devices"] = (f"{tag} ({len(allow_devices) - len(above)} nodes allowed"
+                              + (f"; denied above it: {', '.join(above)})" if above else ")"))
         elif deny_devices and "devices" in p:
             for typ, major, minor in deny_devices:
                 _write(f"{p['devices']}/devices.deny", f"{typ} {major}:{minor} rwm")
