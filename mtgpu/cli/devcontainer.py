@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import subprocess
 import tempfile
 
@@ -21,7 +20,6 @@ from ..workspaces.devcontainer import DevContainer, load_devcontainer
 from ..workspaces.errors import DevContainerError
 from ..workspaces.features import feature_dockerfile, stage_feature_context
 from ..workspaces.homepath import mount_sources, source_problems
-from ..workspaces.sections import Command
 from .common import err, fail
 from .podman import tenant_podman
 
@@ -29,13 +27,9 @@ POST_CREATE_HOOKS = ("onCreateCommand", "updateContentCommand", "postCreateComma
 POST_START_HOOKS = ("postStartCommand", "postAttachCommand")
 
 
-def _shell(c: Command) -> str:
-    return c.shell if c.shell is not None else shlex.join(c.argv)
-
-
 def _hooks(dc: DevContainer, hooks: tuple[str, ...]) -> list[str]:
     """The commands of these hooks, in order; an object form's commands run one after another."""
-    return [_shell(c) for h in hooks for c in dc.lifecycle.get(h, ())]
+    return dc.lifecycle_commands(hooks)
 
 
 def metadata(dc: DevContainer) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -105,6 +106,21 @@ class DevContainer:
         caps = dict.fromkeys([*self.cap_add, *(c for f in self.features for c in f.cap_add)])
         opts = dict.fromkeys([*self.security_opt, *(o for f in self.features for o in f.security_opt)])
         return (*self.run_args, *(f"--cap-add={c}" for c in caps), *(f"--security-opt={o}" for o in opts))
+
+    def lifecycle_commands(self, hooks: tuple[str, ...]) -> list[str]:
+        """The commands of these hooks, in order, as shell text (`/bin/sh -c`): a string as
+        written, a list's words each quoted (run as they are, as without a shell), an object's
+        commands one after another. `${containerEnv:VAR}` is substituted as the reference does
+        where it knows the container (`devcontainer run-user-commands`; the specification lists
+        the variable for remoteEnv only, and `up` leaves it to the shell): from the container's
+        own environment, containerEnv's names here (in each word of a list, before it is quoted),
+        the image's at the member that creates the container
+        (variables.substitute_container_env_in_shell); remoteEnv is not the container's."""
+        def words(c: Command) -> str:
+            if c.shell is not None:
+                return substitute_container_env(c.shell, self.container_env, keep_unknown=True)
+            return shlex.join(substitute_container_env(a, self.container_env, keep_unknown=True) for a in c.argv)
+        return [words(c) for h in hooks for c in self.lifecycle.get(h, ())]
 
     def environment(self) -> dict[str, str]:
         """The workspace container's variables: containerEnv, then remoteEnv (set on the

@@ -107,6 +107,41 @@ def resolve_container_env(env: Mapping[str, str], image_env: Mapping[str, str]) 
     return {k: substitute_container_env(v, container) for k, v in env.items()}
 
 
+def container_env_of_image(image_env: Mapping[str, str]) -> dict[str, str]:
+    """What `${containerEnv:...}` of a lifecycle command reads at the member: the image's `Env`
+    (podman's PATH where it sets none); containerEnv's own names were resolved by the reader
+    (`DevContainer.lifecycle_commands`), as they win over the image's in the container."""
+    return {"PATH": PODMAN_DEFAULT_PATH, **image_env}
+
+
+def substitute_container_env_in_shell(command: str, container_env: Mapping[str, str]) -> str:
+    """A lifecycle command (shell text for `/bin/sh -c`) with `${containerEnv:...}` replaced as
+    `substitute_container_env` does, the value written as it is (the reference substitutes
+    the text before the shell reads it), except inside single quotes, where a `'` of the
+    value is written `'"'"'` so that the quoting holds: a list-form command (`["echo",
+    "${containerEnv:X}"]`) arrives here as shell words each quoted whole (shlex.join), and
+    its word must stay the one word of the value."""
+    out: list[str] = []
+    i, quote = 0, ""  # quote: "" outside, "'" in single quotes, '"' in double quotes
+    while i < len(command):
+        m = _CONTAINER_ENV.match(command, i)
+        if m:
+            value = substitute_container_env(m.group(0), container_env)
+            out.append(value.replace("'", "'\"'\"'") if quote == "'" else value)
+            i = m.end()
+            continue
+        c = command[i]
+        if c == "\\" and quote != "'" and command[i + 1:i + 2] in ("'", '"', "\\"):  # quoting only
+            out.append(command[i:i + 2])
+            i += 2
+            continue
+        if c in "'\"" and quote in ("", c):
+            quote = "" if quote == c else c
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def image_env(entries: list[str] | None) -> dict[str, str]:
     """An image's `Config.Env` (["K=V", ...]) as a mapping."""
     return dict(e.split("=", 1) for e in entries or () if "=" in e)

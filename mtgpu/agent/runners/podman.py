@@ -25,6 +25,8 @@ What a container gets (docs/CONTAINERS.md):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import glob
 import json
 import logging
@@ -50,7 +52,8 @@ from mtgpu.agent.runners.workspace import (ENTRY_MOUNT, GPUS_LABEL, Existing, en
 from mtgpu.agent.runners.workspace import LABEL as WS_LABEL
 from mtgpu.agent.runners.workspace import WS_UID
 from mtgpu.model.gpu import VISIBILITY_VARS
-from mtgpu.workspaces.variables import has_container_env, image_env, resolve_container_env
+from mtgpu.workspaces.variables import (container_env_of_image, has_container_env, image_env, resolve_container_env,
+                                        substitute_container_env_in_shell)
 from mtgpu.workspaces.homepath import OutsideHome, checked_mounts, recheck_stored_sources
 from mtgpu.workspaces.runargs import host_sources
 from mtgpu.agent.podman.bindcheck import Bind, BindMismatch, check_binds
@@ -143,8 +146,16 @@ class ContainerRunner(NativeRunner):
             if ws.token_env:
                 ws_token = launch.ws_token or secrets.token_urlsafe(24)
                 inner[ws.token_env] = ws_token
+            env_of_image = functools.cache(lambda: self._image_env(tenant, staged[1] if staged else image, image))
             if any(has_container_env(v) for _, v in ws.env):  # ${containerEnv:PATH}: the image's, here
-                inner = resolve_container_env(inner, self._image_env(tenant, staged[1] if staged else image, image))
+                inner = resolve_container_env(inner, env_of_image())
+            made = existing is None or layer is not None  # its entry file is written now
+            if made and any(has_container_env(c) for c in (*ws.post_create, *ws.post_start)):  # from its Env
+                known = container_env_of_image(env_of_image())
+                ws = dataclasses.replace(ws, post_create=tuple(substitute_container_env_in_shell(c, known)
+                                                               for c in ws.post_create),
+                                         post_start=tuple(substitute_container_env_in_shell(c, known)
+                                                          for c in ws.post_start))
         for k, v in inner.items():
             if "\n" in v or "\0" in v or "=" in k:
                 raise RunnerError(f"the environment variable {k} has a newline in its value; a container cannot get it")
