@@ -66,7 +66,12 @@ def parse_mount(value: object, key: str) -> Mount:
 
 
 def _parse_mount_string(text: str, key: str) -> Mount:
-    fields = next(csv.reader([text]), [])
+    if "\n" in text or "\r" in text:  # csv.reader raised its own Error: a 500, a traceback
+        raise DevContainerError.one(key, text, "a mount holds no line break; write it on one line")
+    try:
+        fields = next(csv.reader([text]), [])
+    except csv.Error as e:
+        raise DevContainerError.one(key, text, f"cannot be read as comma-separated key=value fields ({e})") from None
     mount_type, source, target, read_only = "volume", None, None, False
     options: list[tuple[str, str]] = []
     for field in fields:
