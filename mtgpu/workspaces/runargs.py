@@ -64,6 +64,22 @@ def security_opt_refused(value: str) -> str | None:
     return f"{value} is refused: only no-new-privileges and seccomp=unconfined (for debuggers) may be set; remove it"
 
 
+_OVERLAY_DIRS = ("upperdir", "workdir")  # `-v SRC:DST:O,upperdir=DIR,workdir=DIR`: two more host folders
+
+
+def _volume_paths(value: str) -> list[tuple[str, str]]:
+    """(what, path) of every host path in a `-v` value: its source ("" for a volume name or
+    an anonymous volume) and an overlay volume's upperdir and workdir (podman splits the
+    value at every ':', and takes at most three parts)."""
+    parts = value.split(":")
+    found = [("source", parts[0])] if len(parts) > 1 else []
+    for option in ",".join(parts[2:]).split(","):
+        name, eq, path = option.partition("=")
+        if eq and name.strip() in _OVERLAY_DIRS:
+            found.append((name.strip(), path))
+    return found
+
+
 def _takes_value(flag: str, following: str | None) -> bool:
     if flag in _ALLOWED:
         return _ALLOWED[flag]
@@ -115,8 +131,9 @@ def check_run_args(args: Sequence[object], home: str, key: str = "runArgs") -> l
 
 def host_sources(args: Sequence[object], key: str = "runArgs") -> list[tuple[str, str, str]]:
     """(key, argument as written, host path) of every host path in `args` that podman would
-    open: `-v`/`--volume` and `--mount type=bind` sources, `--env-file`. Arguments that
-    check_run_args refuses are skipped (they are reported there)."""
+    open: `-v`/`--volume` sources (and an overlay volume's upperdir and workdir),
+    `--mount type=bind` sources, `--env-file`. Arguments that check_run_args refuses are
+    skipped (they are reported there)."""
     found: list[tuple[str, str, str]] = []
     i = 0
     while i < len(args):
@@ -128,8 +145,8 @@ def host_sources(args: Sequence[object], key: str = "runArgs") -> list[tuple[str
         flag, value, consumed = _split(token, following)
         shown = f"{token} {value}" if consumed and value is not None else token
         source = None
-        if value is not None and flag == "--volume" and ":" in value:
-            source = value.split(":", 1)[0]
+        if value is not None and flag == "--volume":
+            found += [(f"{key}[{i}]", shown, path) for _what, path in _volume_paths(value) if path.startswith("/")]
         elif value is not None and flag == "--env-file":
             source = value
         elif value is not None and flag == "--mount":
@@ -180,12 +197,15 @@ def _why_refused(flag: str, value: str | None, home: str, written: str) -> str |
 
 
 def _why_volume_refused(value: str, home: str) -> str | None:
-    source = value.split(":", 1)[0] if ":" in value else ""
-    if source.startswith((".", "~")):
-        return f"-v source {source!r} is relative; write it from ${{localWorkspaceFolder}} or ${{localEnv:HOME}}"
-    if source.startswith("/") and not inside(source, home):
-        return (
-            f"-v source {source} is outside your home {home}; a workspace mounts only folders in your home: "
-            "move the data under it, or use a named volume"
-        )
+    for what, path in _volume_paths(value):
+        if what == "source" and path.startswith((".", "~")):
+            return f"-v source {path!r} is relative; write it from ${{localWorkspaceFolder}} or ${{localEnv:HOME}}"
+        if what != "source" and not path.startswith("/"):
+            return f"-v {what}={path} is not an absolute path; write it from ${{localEnv:HOME}}"
+        if path.startswith("/") and not inside(path, home):
+            shown = "source " + path if what == "source" else f"{what}={path}"
+            return (
+                f"-v {shown} is outside your home {home}; a workspace mounts only folders in your home: "
+                "move the data under it, or use a named volume"
+            )
     return None

@@ -36,3 +36,16 @@ def test_a_mount_field_longer_than_csv_reads_is_refused_naming_it():
     with pytest.raises(DevContainerError) as e:
         parse_mount(value, "mounts[0]")
     assert "cannot be read as comma-separated key=value fields (field larger than field limit" in str(e.value)
+
+
+def test_an_overlay_volumes_upperdir_and_workdir_are_host_paths_kept_in_the_home_too():
+    """`-v SRC:DST:O,upperdir=DIR,workdir=DIR` (podman's persistent overlay volume) names two
+    more host folders, which the home rule did not look at: the container saw /etc merged
+    over a folder of the home, and wrote into DIR."""
+    args = ["-v", "/home/alice/src:/w:O,upperdir=/etc,workdir=/home/alice/work"]
+    problems = check_run_args(args, HOME)
+    assert len(problems) == 1 and "upperdir=/etc is outside your home /home/alice" in problems[0].message, problems
+    assert "workdir" in check_run_args(["-v", "/home/alice/s:/w:O,upperdir=/home/alice/u,workdir=../w"],
+                                       HOME)[0].message
+    assert check_run_args(["-v", "/home/alice/s:/w:O,upperdir=/home/alice/u,workdir=/home/alice/w"], HOME) == []
+    assert [s for _k, _v, s in host_sources(args)] == ["/home/alice/src", "/etc", "/home/alice/work"]
