@@ -57,3 +57,14 @@ def test_the_nodes_file_in_the_tenants_job_folder_must_still_be_a_regular_file(h
     (files / "entry").symlink_to("/etc/hostname")
     with pytest.raises(BindMismatch, match="no longer a regular file"):
         check_binds(os.getpid(), [Bind(f"{files}/entry", f"{files}/entry")], str(home), str(files))
+
+
+def test_a_source_in_the_home_is_checked_however_its_path_is_spelled(home):
+    """runArgs' -v sources reach podman as written: '/HOME//proj' or '/HOME/./proj' pass the
+    home rule (read by component) but did not start with '/HOME/', so the mounted inode of
+    such a bind was never checked, and a swap between the member's check and runc's mount
+    went through."""
+    for spelled in (f"{home.parent}//{home.name}/proj", f"{home}/./proj", f"{home}//proj"):
+        with pytest.raises(BindMismatch, match="is not"):
+            check_binds(os.getpid(), [Bind(spelled, f"{home}/other")], str(home))
+    check_binds(os.getpid(), [Bind(f"{home}/./proj", f"{home}/proj")], str(home))

@@ -42,9 +42,15 @@ class Bind:
     target: str
 
 
-def _below(path: str, top: str) -> bool:
-    top = top.rstrip("/") + "/"
-    return path == top[:-1] or path.startswith(top)
+def _parts(path: str) -> list[str]:
+    return [p for p in path.split("/") if p not in ("", ".")]
+
+
+def _strictly_below(path: str, top: str) -> bool:
+    """Whether `path` names something below `top`, read by component as the home rule
+    (homepath.py) reads it: '/home//alice/x' and '/home/alice/./x' are below /home/alice."""
+    p, t = _parts(path), _parts(top)
+    return len(p) > len(t) and p[:len(t)] == t
 
 
 def _mounted(root_fd: int, target: str) -> os.stat_result:
@@ -75,14 +81,14 @@ def _swappable(source: str, home: str, node_files: str | None) -> bool:
     """A source the tenant can swap: below its home (the home itself is the node's path),
     or the node's file in the job folder (root's: checked all the same). The node's other sources (its
     read-only roots) and podman's own (/etc/hosts, ...: the tenant's store) are not checked."""
-    homes = (home.rstrip("/"), os.path.realpath(home))
-    return (any(_below(source, h) and source.rstrip("/") != h for h in homes)
-            or (node_files is not None and _below(source, node_files) and source.rstrip("/") != node_files.rstrip("/")))
+    homes = (home, os.path.realpath(home))
+    return (any(_strictly_below(source, h) for h in homes)
+            or (node_files is not None and _strictly_below(source, node_files)))
 
 
 def _expected(source: str, home: str, node_files: str | None) -> os.stat_result:
     """The inode the source names, resolved as the member resolves it."""
-    if node_files is not None and _below(source, node_files):  # the tenant owns this folder: no link taken
+    if node_files is not None and _strictly_below(source, node_files):  # the job folder (root's): no link taken
         st = os.lstat(source)
         if not stat.S_ISREG(st.st_mode):
             raise BindMismatch(f"the node's file {source} is no longer a regular file")
