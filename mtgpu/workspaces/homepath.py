@@ -11,9 +11,11 @@ to the home, never above it. The end must be a folder or a regular file: a devic
 socket or a FIFO is refused, whatever its folder.
 
 Hard links need no rule of their own: a hard link is one more name of an inode on the same
-file system (never /dev's devtmpfs), the kernel lets a tenant link only files it owns or
-can read and write (fs.protected_hardlinks, on by default), and the inode's own owner and
-mode still decide who reads it in the container, where the tenant is its own uid.
+file system (never /dev's devtmpfs; a device node anywhere is refused at the end of the
+walk), a tenant may link only files it owns or can read and write where
+fs.protected_hardlinks is on (systemd turns it on; the kernel's own default is off), and
+either way the inode's own owner and mode still decide who reads it in the container,
+where the tenant is its own uid.
 
 `resolve_in_home` returns the resolved path with its descriptor held; `source_problems`
 turns a list of sources into the devcontainer.json problems (key, value, fix) a tenant sees.

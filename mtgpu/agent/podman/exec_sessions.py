@@ -7,8 +7,10 @@ leaves its session there for good: `podman exec` returns 126/127 without removin
 Counted as attached, such a session kept a workspace busy forever, so idle culling
 never stopped it. A running session has a conmon of its own (`conmon -c CONTAINER -u
 SESSION`) for as long as its process lives; one without, that was already listed a
-sample ago and had none then either (so not one being started right now), is dead and removed with `podman
-container cleanup --exec SESSION --rm`, which refuses to remove a running one.
+sample ago and had none then either, is dead and removed with `podman container cleanup
+--exec SESSION --rm`, which refuses to remove a running one. (A session whose start took
+longer than the time between two samples, idle_watch's every_s, 2-30 s, would be taken
+for dead too, and podman's cleanup refuses to remove only a running one.)
 """
 
 from __future__ import annotations
