@@ -181,7 +181,7 @@ def load_devcontainer(
     if not dc.feature_refs:
         return dc
     try:
-        features = load_features(dc.feature_refs)
+        features = load_features(dc.feature_refs, posixpath.dirname(config_path))
     except DevContainerError as e:
         raise DevContainerError(e.problems, config_path) from None
     return replace(dc, features=features)

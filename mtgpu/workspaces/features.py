@@ -59,6 +59,7 @@ class Feature:
     cap_add: tuple[str, ...] = ()
     security_opt: tuple[str, ...] = ()
     installs_after: tuple[str, ...] = ()
+    depends_on: tuple[FeatureRef, ...] = ()  # local Features, resolved from the folder of devcontainer.json
 
 
 def option_env_name(option: str) -> str:
@@ -85,22 +86,30 @@ def parse_feature_refs(value: object, config_dir: str) -> tuple[FeatureRef, ...]
                 f"Features): put the Feature's folder ({METADATA} and {INSTALL}) next to devcontainer.json, "
                 f'for instance .devcontainer/{_folder_hint(key)}, and name it "./{_folder_hint(key)}"')))
             continue
-        folder = posixpath.normpath(posixpath.join(config_dir, key))
-        if not (folder + "/").startswith(config_dir.rstrip("/") + "/") or folder == config_dir:
-            problems.append(Problem(k, key, "a local Feature is a folder under the folder of devcontainer.json "
-                                            '(as the specification says), such as "./my-feature"'))
-            continue
-        if isinstance(options, str):
-            options = {"version": options}
-        if options is None:
-            options = {}
-        if not isinstance(options, dict) or not all(isinstance(v, (str, bool)) for v in options.values()):
-            problems.append(Problem(k, options, 'options are an object of strings and booleans, such as {"version": "1"}'))
-            continue
-        refs.append(FeatureRef(key, folder, MappingProxyType(dict(options))))
+        ref = _local_ref(key, options, config_dir, k, problems)
+        if ref is not None:
+            refs.append(ref)
     if problems:
         raise DevContainerError(problems)
     return tuple(refs)
+
+
+def _local_ref(key: str, options: object, config_dir: str, where: str, problems: list[Problem]) -> FeatureRef | None:
+    """A local Feature named by `key` (relative to the folder of devcontainer.json, as the
+    specification resolves it in `features` and in a Feature's `dependsOn`) with its options."""
+    folder = posixpath.normpath(posixpath.join(config_dir, key))
+    if not (folder + "/").startswith(config_dir.rstrip("/") + "/") or folder == config_dir:
+        problems.append(Problem(where, key, "a local Feature is a folder under the folder of devcontainer.json "
+                                            '(as the specification says), such as "./my-feature"'))
+        return None
+    if isinstance(options, str):
+        options = {"version": options}
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or not all(isinstance(v, (str, bool)) for v in options.values()):
+        problems.append(Problem(where, options, 'options are an object of strings and booleans, such as {"version": "1"}'))
+        return None
+    return FeatureRef(key, folder, MappingProxyType(dict(options)))
 
 
 def _folder_hint(key: str) -> str:
@@ -108,22 +117,38 @@ def _folder_hint(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "feature"
 
 
-def load_features(refs: tuple[FeatureRef, ...]) -> tuple[Feature, ...]:
-    """Each Feature's folder read (as the tenant: mt-container runs as the tenant), in the
-    order they install: as written, each after those it `installsAfter` among them."""
+MAX_FEATURES = 100  # with those they depend on: a Feature's dependsOn may name others, recursively
+
+
+def load_features(refs: tuple[FeatureRef, ...], config_dir: str) -> tuple[Feature, ...]:
+    """Each Feature's folder read (as the tenant: mt-container runs as the tenant), with the
+    local Features they `dependsOn` (recursively; one equal to a Feature already there, the
+    same folder with the same options, is that one), in the order they install
+    (install_order)."""
     problems: list[Problem] = []
-    features = []
-    for ref in refs:
+    features: list[Feature] = []
+    work, seen = list(refs), 0
+    while work:
+        ref = work.pop(0)
+        if any(_same(f.ref, ref) for f in features):
+            continue
+        seen += 1
+        if seen > MAX_FEATURES:
+            raise DevContainerError.one("features", None, f"more than {MAX_FEATURES} Features with those they depend "
+                                                          "on; is a dependsOn asking for itself with new options?")
         try:
-            features.append(_load_one(ref))
+            f = _load_one(ref, config_dir)
         except DevContainerError as e:
             problems.extend(e.problems)
+            continue
+        features.append(f)
+        work.extend(f.depends_on)
     if problems:
         raise DevContainerError(problems)
-    return _install_order(features)
+    return install_order(features, config_dir)
 
 
-def _load_one(ref: FeatureRef) -> Feature:
+def _load_one(ref: FeatureRef, config_dir: str) -> Feature:
     k = f"features.{ref.key}"
     meta_path = os.path.join(ref.folder, METADATA)
     if not os.path.isdir(ref.folder):
@@ -176,14 +201,34 @@ def _load_one(ref: FeatureRef) -> Feature:
     opts = _strings(meta.get("securityOpt"), f"{k}.securityOpt", problems)
     problems += [Problem(f"{k}.securityOpt", o, why) for o in opts if (why := security_opt_refused(o))]
     after = _strings(meta.get("installsAfter"), f"{k}.installsAfter", problems)
-    depends = meta.get("dependsOn") or {}
-    if depends:
-        problems.append(Problem(f"{k}.dependsOn", list(depends) if isinstance(depends, dict) else depends,
-                                "a Feature that depends on others is not supported here; install those in the Feature "
-                                "or list them as local Features before it"))
+    depends = _depends_on(meta.get("dependsOn"), fid if isinstance(fid, str) else ref.key, config_dir, k, problems)
     if problems:
         raise DevContainerError(problems)
-    return Feature(ref, fid, MappingProxyType(env), MappingProxyType(dict(container_env)), caps, opts, after)
+    return Feature(ref, fid, MappingProxyType(env), MappingProxyType(dict(container_env)), caps, opts, after, depends)
+
+
+def _depends_on(value: object, name: str, config_dir: str, k: str, problems: list[Problem]) -> tuple[FeatureRef, ...]:
+    """A Feature's `dependsOn` (an object like `features`): local Features, resolved from the
+    folder of devcontainer.json; one from a registry or a URL is refused, naming it."""
+    if value is None or value == {}:
+        return ()
+    if not isinstance(value, dict):
+        problems.append(Problem(f"{k}.dependsOn", value, 'must be an object like "features", such as {"./other": {}}'))
+        return ()
+    refs = []
+    for key, options in value.items():
+        if not key.startswith(("./", "../")):
+            where = "a URL" if "://" in key else "a registry"
+            problems.append(Problem(f"{k}.dependsOn", key, (
+                f"the Feature {name} depends on {key}, from {where}, which this node cannot reach (none is staged "
+                f"here for Features): put that Feature's folder ({METADATA} and {INSTALL}) next to "
+                f'devcontainer.json, for instance .devcontainer/{_folder_hint(key)}, and name it "./{_folder_hint(key)}" '
+                f"in this dependsOn")))
+            continue
+        dep = _local_ref(key, options, config_dir, f"{k}.dependsOn.{key}", problems)
+        if dep is not None:
+            refs.append(dep)
+    return tuple(refs)
 
 
 def _text(value: object) -> str:
@@ -199,19 +244,59 @@ def _strings(value: object, key: str, problems: list[Problem]) -> tuple[str, ...
     return tuple(value)
 
 
-def _install_order(features: list[Feature]) -> tuple[Feature, ...]:
-    """As written, except that a Feature waits for those it installsAfter (by id or key)."""
+def install_order(features: list[Feature], config_dir: str) -> tuple[Feature, ...]:
+    """The order the specification gives (feature-dependencies.md, "round-based sorting", as
+    @devcontainers/cli computes it): in rounds, every Feature whose `dependsOn` (the equal
+    Feature) and `installsAfter` (a Feature of that folder, or id, in the set; one naming no
+    Feature to install is no dependency) are installed already, each round sorted by the
+    Feature's folder as Node's localeCompare sorts it, then by its options. A round with
+    nothing to install is a cycle, refused naming the Features."""
+    soft = {id(f): [g for g in features if g is not f and any(_names(a, g, config_dir) for a in f.installs_after)]
+            for f in features}
     left, order = list(features), []
     while left:
-        for f in left:
-            waits = {a for a in f.installs_after if any(a in (g.id, g.ref.key) for g in left if g is not f)}
-            if not waits:
-                break
-        else:
-            f = left[0]  # a cycle: as written, as the reference does
-        left.remove(f)
-        order.append(f)
+        ready = [f for f in left if all(any(_same(g.ref, d) for g in order) for d in f.depends_on)
+                 and all(any(g is h for h in order) for g in soft[id(f)])]
+        if not ready:
+            names = ", ".join(f.ref.key for f in left)
+            raise DevContainerError.one("features", names, (
+                f"the Features {names} wait for each other (dependsOn, installsAfter), so no order installs them; "
+                "drop one of those dependencies"))
+        ready.sort(key=lambda f: (_collation_key(f.ref.folder), sorted(f.ref.options.items(), key=str)))
+        order += ready
+        left = [f for f in left if not any(f is r for r in ready)]
     return tuple(order)
+
+
+def _same(a: FeatureRef, b: FeatureRef) -> bool:
+    """Feature equality for local Features, as the reference has it: the same folder, the same options."""
+    return a.folder == b.folder and dict(a.options) == dict(b.options)
+
+
+def _names(entry: str, f: Feature, config_dir: str) -> bool:
+    """Whether an `installsAfter` entry names `f`: its folder (a ./ or ../ path, from the
+    folder of devcontainer.json, as the reference resolves it), or its id."""
+    if entry.startswith(("./", "../")):
+        return posixpath.normpath(posixpath.join(config_dir, entry)) == f.ref.folder
+    return entry == f.id
+
+
+# Node's String.prototype.localeCompare (ICU's root collation) on what folder names hold:
+# ' ' < '_' < '-' < '.' < '/' < digits < letters (checked with Node 20), letters without case first,
+# then lower before upper.
+_PUNCTUATION = {c: i for i, c in enumerate(' _-,;:!?.\'"()[]{}@*/\\&#%`^+<=>|~$')}  # as Node orders them
+
+
+def _collation_key(text: str) -> tuple:
+    def primary(c: str) -> tuple[int, object]:
+        if c in _PUNCTUATION:
+            return (0, _PUNCTUATION[c])
+        if c.isdigit():
+            return (1, c)
+        if c.isalpha():
+            return (2, c.casefold())
+        return (0, 100 + ord(c))
+    return tuple(primary(c) for c in text), tuple(c.isupper() for c in text)
 
 
 def _folder_in_context(i: int, f: Feature) -> str:

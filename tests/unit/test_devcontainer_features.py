@@ -94,3 +94,56 @@ def test_the_build_installs_each_feature_as_root_then_gives_the_image_its_user_b
     env = (tmp_path / "0-hello" / "devcontainer-features.env").read_text().splitlines()
     assert env[:4] == ["GREETING=hey", "SHOUT=false", "_REMOTE_USER=dev", "_CONTAINER_USER=root"]
     assert (tmp_path / "0-hello" / "install.sh").exists()
+
+
+def test_the_order_is_the_specifications_rounds_with_depends_on_as_the_reference_ran_it():
+    """tests/fixtures/devcontainer/feature-order: its comment holds what @devcontainers/cli ran."""
+    d = load_devcontainer(FIXTURES / "feature-order", home=str(FIXTURES), env={})
+    assert [f.id for f in d.features] == ["delta", "gamma", "beta", "zeta", "alpha"]
+    delta = d.features[0]
+    assert delta.ref.key == "./delta" and dict(delta.options_env) == {"GREETING": "asked-by-zeta"}  # zeta's options
+    assert [f.ref.key for f in d.features].count("./gamma") == 1  # beta's dependsOn is the gamma given
+
+
+def test_features_without_dependencies_install_sorted_by_folder_not_as_written(tmp_path):
+    p = project(tmp_path, {"./b": {}, "./a-x": {}, "./a_x": {}, "./A": {}}, {
+        "b": {"id": "b"}, "a-x": {"id": "ax"}, "a_x": {"id": "a_x"}, "A": {"id": "big"}})
+    assert [f.ref.key for f in load(p).features] == ["./A", "./a_x", "./a-x", "./b"]  # as Node's localeCompare
+
+
+def test_a_depends_on_with_other_options_installs_the_feature_again(tmp_path):
+    p = project(tmp_path, {"./a": {"v": "1"}, "./b": {}}, {
+        "a": {"id": "a", "options": {"v": {"type": "string", "default": "0"}}},
+        "b": {"id": "b", "dependsOn": {"./a": {"v": "2"}}}})
+    order = [(f.id, dict(f.options_env)) for f in load(p).features]
+    assert order == [("a", {"V": "1"}), ("a", {"V": "2"}), ("b", {})], order
+
+
+def test_installs_after_a_feature_not_installed_is_no_dependency(tmp_path):
+    p = project(tmp_path, {"./b": {}, "./a": {}}, {
+        "b": {"id": "b", "installsAfter": ["ghcr.io/devcontainers/features/common-utils", "./gone"]},
+        "a": {"id": "a", "installsAfter": ["./b"]}})
+    assert [f.id for f in load(p).features] == ["b", "a"]
+
+
+def test_a_cycle_is_refused_naming_the_features(tmp_path):
+    p = project(tmp_path, {"./a": {}, "./b": {}, "./c": {}}, {
+        "a": {"id": "a", "dependsOn": {"./b": {}}}, "b": {"id": "b", "installsAfter": ["./a"]}, "c": {"id": "c"}})
+    found = problems(p)
+    assert "the Features ./a, ./b wait for each other" in found["features"], found
+
+
+def test_a_depends_on_from_a_registry_is_refused_naming_it(tmp_path):
+    p = project(tmp_path, {"./x": {}}, {
+        "x": {"id": "x", "dependsOn": {"./y": {}, "ghcr.io/devcontainers/features/common-utils:2": {}}},
+        "y": {"id": "y"}})
+    found = problems(p)
+    assert set(found) == {"features../x.dependsOn"}, found
+    assert ("the Feature x depends on ghcr.io/devcontainers/features/common-utils:2, from a registry, which this node "
+            "cannot reach") in found["features../x.dependsOn"]
+    assert 'name it "./common-utils" in this dependsOn' in found["features../x.dependsOn"]
+
+
+def test_a_depends_on_outside_the_folder_of_devcontainer_json_is_refused(tmp_path):
+    p = project(tmp_path, {"./x": {}}, {"x": {"id": "x", "dependsOn": {"../../elsewhere": {}}}})
+    assert "a folder under the folder of devcontainer.json" in problems(p)["features../x.dependsOn.../../elsewhere"]
