@@ -18,7 +18,7 @@ from ..client.local import ClientError, LocalClient
 from .common import err, fail, out, print_fields, print_json, request
 from .joblog import FOLLOW, TAIL, print_log
 from .podman import tenant_podman
-from .workspace_wait import WorkspaceEnded, output_tail, view, wait_until_up
+from .workspace_wait import WorkspaceEnded, not_up_message, view, wait_until_up
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 SHELL = 'if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l'
@@ -75,10 +75,7 @@ def _finish(c: LocalClient, ws: dict, wait: bool, json_out: bool) -> None:
     except WorkspaceEnded as e:
         if json_out:
             print_json(e.record)
-        tail = output_tail(c, e.record["id"])
-        fail(f"workspace {e.name} (job {e.record['id']}) could not start: it is {e.record['state']}"
-             + (f" ({e.record['reason']})" if e.record.get("reason") else "")
-             + (f"; its output ends with:\n{tail}" if tail else ""), 1)
+        fail(not_up_message(c, e), 1)
     if json_out:
         print_json(ws)
     else:

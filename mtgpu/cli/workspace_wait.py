@@ -75,7 +75,7 @@ def _running_or_waiting(c: LocalClient, ws: dict, name: str, job_id: int, sleep:
         ws = view(c, name, job_id)
     if ws["state"] != "running" or not ws["workspace"]["container"]:
         return ws
-    here = c.health()["node"] == ws["workspace"]["node"]
+    here = isinstance(c, LocalClient) and c.health()["node"] == ws["workspace"]["node"]  # a remote caller: no podman
     recorded_at = time.monotonic()
     seen: str | None = None  # the start time of the container seen running at the last look
     seen_at = 0.0
@@ -113,6 +113,15 @@ def container_status(c: LocalClient, container: str) -> tuple[str, str] | None:
         return ("missing", "")  # not made yet (podman run is starting it)
     status, _, started = r.stdout.strip().partition(" ")
     return status, started
+
+
+def not_up_message(c, e: WorkspaceEnded) -> str:
+    """What create and start say (mt-container, the terminal app) when the workspace stopped
+    or ended instead of running: its state, its reason and the end of its output."""
+    tail = output_tail(c, e.record["id"])
+    return (f"workspace {e.name} (job {e.record['id']}) could not start: it is {e.record['state']}"
+            + (f" ({e.record['reason']})" if e.record.get("reason") else "")
+            + (f"; its output ends with:\n{tail}" if tail else ""))
 
 
 def output_tail(c: LocalClient, job_id: int, lines: int = 5) -> str:
