@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"mtgpu-server: the config cannot be used:\n{e}", file=sys.stderr)
         return 2
+    hold_member_early(config)
     from ..agent.podman.tenant import PodmanSetupError
     from ..server.main import run_node  # heavy imports only after the config is good
     from ..server.ports import PortTaken
@@ -37,6 +38,21 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("mtgpu-server").error("%s", e)
         print(f"mtgpu-server: {what}: {e}", file=sys.stderr)
         return 2
+
+
+def hold_member_early(config) -> None:
+    """This process into its services group, weighted above its jobs, before the imports
+    and the state's reload (runners/cgroups.py): its jobs ran on while it was away, and
+    a restart at their share of the CPU came back seconds later. What fails here is said
+    (and done again) where the agent starts."""
+    from pathlib import Path
+
+    from ..agent.runners.cgroups import CgroupManager, parent_for
+
+    try:
+        CgroupManager.hold_member_early(parent_for(config.NODE_NAME, Path(config.STATE_DIR)))
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

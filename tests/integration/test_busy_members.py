@@ -113,6 +113,48 @@ def test_a_member_is_held_in_a_services_group_weighted_above_its_jobs_and_leaves
     assert not services.exists() and not jobs.exists(), open(cg).read()
 
 
+EARLY_THEN_AGENT = """
+import json, sys
+from mtgpu.agent.runners.cgroups import CgroupManager
+parent = sys.argv[1]
+print(json.dumps({"early": CgroupManager.hold_member_early(parent), "in": open("/proc/self/cgroup").read()}), flush=True)
+agent = CgroupManager(parent)  # what the agent makes later in the same process
+print(json.dumps({"bases": {c: str(p) for c, p in agent.bases.items()},
+                  "services": {c: str(p) for c, p in agent.services.items()}}), flush=True)
+print(json.dumps({"hold": agent.hold_member()}), flush=True)
+agent.release()
+print(json.dumps({"after": open("/proc/self/cgroup").read()}), flush=True)
+"""
+
+
+def test_a_restarting_member_holds_itself_early_and_its_agent_takes_it_from_there():
+    """mtgpu-server moves itself into its services group as soon as its config is read,
+    before the imports and the state's reload (cli/server.hold_member_early): a member
+    restarted beside jobs that burn every CPU otherwise starts at their share. The agent's
+    groups, made later in the same process, are still siblings below the member's own
+    group (not inside its services group), and its stop takes it back out and removes them."""
+    parent = f"mtgpu-test-{secrets.token_hex(4)}"
+    probe = CgroupManager(parent)
+    try:
+        if "cpu" not in probe.bases and "unified" not in probe.bases:
+            pytest.skip(f"no writable cpu cgroup here: {probe.unavailable}")
+        ctrl = "unified" if "unified" in probe.bases else "cpu"
+        own_jobs = probe.bases[ctrl]
+    finally:
+        probe.release()
+    r = subprocess.run([sys.executable, "-c", EARLY_THEN_AGENT, parent], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    early, seen, hold, after = (json.loads(line) for line in r.stdout.splitlines())
+    assert early["early"] is None
+    services = own_jobs.with_name(parent + "-services")
+    assert any(line.endswith("/" + services.name) for line in early["in"].splitlines()), early["in"]
+    assert seen["bases"][ctrl] == str(own_jobs), seen  # not <own>/<parent>-services/<parent>
+    assert seen["services"][ctrl] == str(services), seen
+    assert hold["hold"] is None
+    assert not any(line.endswith("-services") for line in after["after"].splitlines()), after["after"]
+    assert not services.exists() and not own_jobs.exists()
+
+
 def cpu_cgroup(pid: int) -> str:
     """The process's group in the cpu hierarchy (v1), or its only one (v2)."""
     lines = [x.split(":", 2) for x in open(f"/proc/{pid}/cgroup").read().splitlines()]

@@ -177,6 +177,9 @@ class CgroupManager:
             rel = own.get(c, "/")
             rel = rel[len(mroot):] if mroot != "/" and rel.startswith(mroot) else (rel if mroot == "/" else "/")
             own_dir = Path(mpoint + rel.rstrip("/"))
+            if own_dir.name == self.parent + SERVICES_SUFFIX:  # held early (hold_member_early): its parent is own
+                self.services[c], self._held = own_dir, os.getpid()
+                own_dir = own_dir.parent
             base = own_dir / self.parent
             if base in self.bases.values():
                 continue  # co-mounted (cpu,cpuacct): one group serves both
@@ -195,6 +198,10 @@ class CgroupManager:
     def _detect_v2(self, root: Path) -> None:
         own = self._own_paths().get("", "/")
         own_dir = Path(str(root) + own.rstrip("/"))
+        if own_dir.name == self.parent + SERVICES_SUFFIX:  # held early (hold_member_early): its parent is own
+            self.services["unified"], self._held = own_dir, os.getpid()
+            own_dir = own_dir.parent
+            own = str(own_dir)[len(str(root)):] or "/"
         try:
             available = _read(own_dir / "cgroup.controllers").split()
             wanted = [c for c in V2_CONTROLLERS if c in available]
@@ -469,6 +476,15 @@ class CgroupManager:
         if weight:
             problems.append(weight)
         return "; ".join(problems) or None
+
+    @classmethod
+    def hold_member_early(cls, parent: str) -> str | None:
+        """hold_member() for a member that is starting, before its heavy imports and the
+        reload of its state: a member restarted while its jobs burn every CPU otherwise
+        spends that time at their share, and its first report comes seconds later
+        (bench/member_restart.py). The agent's own Cgroups, made later in this process,
+        finds it in its services group and takes it from there (detection above)."""
+        return cls(parent).hold_member()
 
     def place_sessions(self, pid: int) -> str | None:
         """Move `pid` (the tenant sshd, as it starts: its sessions are born where it is) out
