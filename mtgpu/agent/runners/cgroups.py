@@ -478,13 +478,13 @@ class CgroupManager:
         return "; ".join(problems) or None
 
     @classmethod
-    def hold_member_early(cls, parent: str) -> str | None:
+    def hold_member_early(cls, parent: str, **kw) -> str | None:
         """hold_member() for a member that is starting, before its heavy imports and the
         reload of its state: a member restarted while its jobs burn every CPU otherwise
         spends that time at their share, and its first report comes seconds later
         (bench/member_restart.py). The agent's own Cgroups, made later in this process,
         finds it in its services group and takes it from there (detection above)."""
-        return cls(parent).hold_member()
+        return cls(parent, **kw).hold_member()
 
     def place_sessions(self, pid: int) -> str | None:
         """Move `pid` (the tenant sshd, as it starts: its sessions are born where it is) out
@@ -588,7 +588,7 @@ class CgroupManager:
 
     def _weigh_services(self) -> str | None:
         """Write the services group's CPU weight; why not, or None."""
-        if "unified" in self.services:
+        if "unified" in self.services and "cpu" not in self.unavailable:
             path = self.services["unified"] / "cpu.weight"
             value = 100 * SERVICES_CPU_WEIGHT
         elif "cpu" in self.services:
