@@ -19,10 +19,11 @@ names the mount, what runc mounted there (its file system and path, from mountin
 the fix, and the container does not start.
 
 What is compared is the inode at each bind's target, the top of what was mounted there.
-Podman's `-v` binds recursively, so a mount the tenant made in its own namespace *below*
-a source (or below the home itself, which every container mounts and which is not
-checked) comes along unseen: that is what the tenant reaches there anyway, and a device
-node it brings is still refused by the container's device cgroup (docs/ISOLATION.md).
+A recursive bind (runArgs' `--mount`, recursive unless `bind-nonrecursive`, or
+`-v SRC:DST:rbind`) carries a mount the tenant made in its own namespace *below* its
+source unseen, as does the home itself, which is not checked: that is what the tenant
+reaches there anyway, and a device node it brings is still refused by the container's
+device cgroup (docs/ISOLATION.md).
 """
 
 from __future__ import annotations
