@@ -56,11 +56,13 @@ def name_problem(image: str) -> str | None:
     if colon > slash:
         name, tag = name[:colon], name[colon + 1:]
         if not _TAG.fullmatch(tag):
-            return f"image {image!r} has a tag that is not 1-128 letters, digits, '_', '.' and '-' ({tag!r}); {_NAME_FIX}"
+            return (f"image {image!r} has a tag that is not 1-128 letters, digits, '_', '.' and '-' ({tag!r}); "
+                    f"{_NAME_FIX}")
     if len(name) > MAX_NAME_CHARS:
         return f"image {image[:80]!r}... has a name of {len(name)} characters, more than {MAX_NAME_CHARS}"
     first, sep, rest = name.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):  # as podman splits off a registry
+    # a registry, as podman reads one: with a '.' or ':', localhost, or any upper-case letter
+    if sep and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
         if not _DOMAIN.fullmatch(first):
             return f"image {image!r} names the registry {first!r}, which is not a host name[:port]; {_NAME_FIX}"
         name = rest

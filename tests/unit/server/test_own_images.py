@@ -57,7 +57,8 @@ def test_an_image_not_offered_must_be_an_image_name_podman_reads_as_one():
     containers/image's reference grammar reads them (checked against podman 4.3's answers)."""
     for good in ("ubuntu", "localhost/base:1", "docker.io/library/python:3.12", "localhost:5000/a/b:x",
                  "my__img", "a-b--c", "Registry.Example.com/x/y", "sha256:" + "a" * 64, "x@sha256:" + "0" * 64,
-                 "localhost/mtgpu-saved/alice/ws:latest"):
+                 "localhost/mtgpu-saved/alice/ws:latest",
+                 "Foo/bar", "MyReg/x:1"):  # podman 4.3 reads an upper-case first part as a registry
         assert name_problem(good) is None, good
     for bad, why in (("--help", "'--help' is not lower-case letters"), ("Foo:1", "'Foo' is not in lower case"),
                      ("localhost/UP", "'UP' is not in lower case"), ("x..y", "is not lower-case letters"),
