@@ -49,6 +49,8 @@ _NAME_FIX = "write it as [REGISTRY/]NAME[:TAG][@DIGEST], the NAME in lower case 
 def name_problem(image: str) -> str | None:
     """Why `image` is not an image reference podman can look up (None when it is), with
     the fix: what the tenant's own podman would refuse, found before it is asked."""
+    if image.startswith("sha256:") and not re.fullmatch(r"sha256:[0-9a-f]{64}", image):  # podman: an image id
+        return f"image {image!r} is not an image id: sha256: takes 64 hexadecimal digits; {_NAME_FIX}"
     name, at, digest = image.partition("@")
     if at and not _DIGEST.fullmatch(digest):
         return f"image {image!r} has a digest that is not ALGORITHM:HEX ({digest!r}); {_NAME_FIX}"

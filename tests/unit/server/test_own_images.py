@@ -64,7 +64,8 @@ def test_an_image_not_offered_must_be_an_image_name_podman_reads_as_one():
                      ("localhost/UP", "'UP' is not in lower case"), ("x..y", "is not lower-case letters"),
                      ("a___b", "is not lower-case"), ("localhost/x:", "has a tag that is not"),
                      ("x@sha256:zz", "has a digest that is not"), ("/bin/sh", "is not an image name"),
-                     ("a b", "is not lower-case"), ("x" * 256, "more than 255")):
+                     ("a b", "is not lower-case"), ("x" * 256, "more than 255"),
+                     ("sha256:9", "sha256: takes 64 hexadecimal digits")):
         problem = name_problem(bad)
         assert problem is not None and why in problem, (bad, problem)
     snap = cluster(make_node("a", containers=OFFERS))
