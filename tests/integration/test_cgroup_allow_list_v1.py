@@ -5,34 +5,20 @@ real child process placed in the job's group before it opens the nodes."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from mtgpu.agent.runners.cgroups import STANDARD_DEVICES, CgroupManager
+from tests.support.devices import opened, start_opener
 
 if os.path.exists("/sys/fs/cgroup/cgroup.controllers") or not os.path.isdir("/sys/fs/cgroup/devices"):
     pytest.skip("no cgroup v1 devices hierarchy here", allow_module_level=True)
 if os.geteuid() != 0:
     pytest.skip("making devices groups needs root", allow_module_level=True)
 
-OPENER = r"""
-import errno, json, os, sys
-sys.stdin.readline()  # placed in the job's group by now
-out = {}
-for path in sys.argv[1:]:
-    try:
-        os.close(os.open(path, os.O_RDONLY))
-        out[path] = "opened"
-    except OSError as e:
-        out[path] = errno.errorcode[e.errno]
-print(json.dumps(out), flush=True)
-"""
 FUSE = ("c", 10, 229)
 
 
@@ -58,11 +44,9 @@ def test_a_containers_allow_list_below_a_group_that_denies_part_of_it_still_fenc
                                           "denied above it: c 10:229)"), cg.enforced
         listed = Path(cg.paths["devices"], "devices.list").read_text().splitlines()
         assert "c 1:3 rwm" in listed and "c 136:* rwm" in listed and "c 10:229 rwm" not in listed, listed
-        child = subprocess.Popen([sys.executable, "-c", OPENER, "/dev/null", "/dev/fuse"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
+        child = start_opener("/dev/null", "/dev/fuse")
         manager.enter(7, child.pid)
-        out, _ = child.communicate("go\n", timeout=120)
-        assert json.loads(out) == {"/dev/null": "opened", "/dev/fuse": "EPERM"}, out
+        assert opened(child) == {"/dev/null": "opened", "/dev/fuse": "EPERM"}
     finally:
         if child is not None and child.poll() is None:
             child.kill()

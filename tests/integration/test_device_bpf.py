@@ -26,6 +26,7 @@ import pytest
 
 from mtgpu.agent.runners import devbpf
 from mtgpu.agent.runners.cgroups import STANDARD_DEVICES, CgroupManager
+from tests.support.devices import OPENER
 
 
 def cgroup2_mount() -> str | None:
@@ -55,20 +56,6 @@ def free_local_major() -> int:
         if major not in used:
             return major
     pytest.fail(f"every character major of 240-254 is registered on this machine ({sorted(used)})")
-
-
-OPENER = r"""
-import errno, json, os, sys
-sys.stdin.readline()  # placed in its cgroup by now
-out = {}
-for path in sys.argv[1:]:
-    try:
-        os.close(os.open(path, os.O_RDONLY))
-        out[path] = "opened"
-    except OSError as e:
-        out[path] = errno.errorcode[e.errno]
-print(json.dumps(out), flush=True)
-"""
 
 
 class Lab:
