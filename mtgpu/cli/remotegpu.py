@@ -332,11 +332,24 @@ def _exec_ssh(argv: list[str]) -> None:
         fail(f"could not run ssh: {e}", 1)
 
 
-@app.command()
-def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, help="run this instead of a terminal"),
+# Everything after the node (or workspace) is the remote command, as with ssh: `ssh NODE id -un`
+# runs `id -un` there (options of this command go before NODE).
+REMOTE_COMMAND = {"allow_interspersed_args": False, "ignore_unknown_options": True}
+
+
+def _remote_command(command: Optional[list[str]]) -> list[str]:
+    """The command as given, without a leading `--` (the way it was written before)."""
+    command = list(command or [])
+    return command[1:] if command[:1] == ["--"] else command
+COMMAND_HELP = "run this instead of a terminal (everything after the name, options included, as ssh takes it)"
+
+
+@app.command(context_settings=REMOTE_COMMAND)
+def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, help=COMMAND_HELP),
           server: Optional[str] = typer.Option(None, "--server")) -> None:
     """A terminal inside a workspace (in tmux on its node), or a command run there: the
     shortcut for `ssh -o SetEnv=MTGPU_WORKSPACE=WS you@node`."""
+    command = _remote_command(command)
     entry = _server(server)
     ws = request(lambda: _client(entry), lambda c: c.workspace(workspace))
     if ws["state"] != "running":
@@ -348,12 +361,13 @@ def shell(workspace: str, command: Optional[list[str]] = typer.Argument(None, he
     _exec_ssh(argv)
 
 
-@app.command()
+@app.command(context_settings=REMOTE_COMMAND)
 def ssh(node: Optional[str] = typer.Argument(None, help="the node (default: the joined server's own)"),
-        command: Optional[list[str]] = typer.Argument(None, help="run this instead of a terminal"),
+        command: Optional[list[str]] = typer.Argument(None, help=COMMAND_HELP),
         server: Optional[str] = typer.Option(None, "--server")) -> None:
     """A terminal on a node (in tmux there), or a command run there, as you: straight to its
     tenant sshd when it answers, else through DirectLink."""
+    command = _remote_command(command)
     entry = _server(server)
     nodes = request(lambda: _client(entry), lambda c: c.nodes())
     node = node or entry["node"]
@@ -507,7 +521,8 @@ def ssh_config(
 ) -> None:
     """Write a Host NODE.CLUSTER for every node of every cluster you joined into your
     ssh config (one marked block, replaced on each run), going through DirectLink, with
-    the nodes' host keys pinned in ~/.config/remotegpu/known_hosts: then plain `ssh`,
+    the nodes' host keys pinned in ~/.config/remotegpu/known_hosts.directlink (in --home
+    when given): then plain `ssh`,
     `scp` and VS Code Remote-SSH reach the nodes from anywhere."""
     from ..client import sshconfig
     entries = []
