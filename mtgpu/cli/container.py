@@ -18,7 +18,7 @@ from ..client.local import ClientError, LocalClient
 from .common import err, fail, out, print_fields, print_json, request
 from .joblog import FOLLOW, TAIL, print_log
 from .podman import tenant_podman
-from .workspace_wait import WorkspaceEnded, not_up_message, view, wait_until_up
+from .workspace_wait import WorkspaceEnded, WorkspaceNotUp, not_up_message, view, wait_until_up
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 SHELL = 'if [ -x /bin/bash ]; then exec /bin/bash -l; fi; exec /bin/sh -l'
@@ -68,7 +68,8 @@ def create(
 
 def _finish(c: LocalClient, ws: dict, wait: bool, json_out: bool) -> None:
     """create and start alike: wait (cli/workspace_wait.py) unless --no-wait, print the
-    workspace; one that ended instead of running exits 1 with why."""
+    workspace; one that ended instead of running exits 1 with why, as does one whose
+    container was not seen up in time (with what was seen last)."""
     try:
         if wait:
             ws = wait_until_up(c, ws)
@@ -76,6 +77,10 @@ def _finish(c: LocalClient, ws: dict, wait: bool, json_out: bool) -> None:
         if json_out:
             print_json(e.record)
         fail(not_up_message(c, e), 1)
+    except WorkspaceNotUp as e:
+        if json_out:
+            print_json(e.record)
+        fail(str(e), 1)
     if json_out:
         print_json(ws)
     else:

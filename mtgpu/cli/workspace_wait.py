@@ -1,7 +1,9 @@
 """How `mt-container create` and `start` wait for a workspace, the same way both: until it
 runs (its container up), until it has stayed queued QUEUED_WAIT_S (it keeps its place and
 says why: not a failure), or until it has ended, which is a failure (exit 1, with its
-reason and the end of its output).
+reason and the end of its output). A container recorded but not seen up within UP_WAIT_S
+is a failure too (exit 1, saying what podman showed last and what to look at): it is
+neither running nor known to have ended, and success would be a guess.
 
 "Up" is podman's word where the workspace runs on this member: its container running at
 two looks SETTLE_S apart, with the same start time (a container whose command is not there
@@ -27,6 +29,22 @@ UP_WAIT_S = 300.0  # from its container being recorded to podman running it (a l
 SETTLE_S = 2.0
 REMOTE_SETTLE_S = 5.0
 POLL_S = 0.1
+
+
+class WorkspaceNotUp(Exception):
+    """Its job runs and its container was recorded, but podman did not show that container up
+    within UP_WAIT_S: `record` is the workspace's last view, `last` what podman said last."""
+
+    def __init__(self, name: str, record: dict, last: str) -> None:
+        w = record["workspace"]
+        super().__init__(
+            f"workspace {name} (job {record['id']}) is not up after {UP_WAIT_S:.0f} s: its job is "
+            f"{record['state']} on {w['node']}, but its container {w['container']} was not seen up ({last}); "
+            f"see `mt-container show {name}` and `mt-container logs {name}` (it may still come up, "
+            f"or `mt-container stop {name}` releases what it holds)")
+        self.name = name
+        self.record = record
+        self.last = last
 
 
 class WorkspaceEnded(Exception):
@@ -56,7 +74,8 @@ def view(c: LocalClient, name: str, job_id: int) -> dict:
 def wait_until_up(c: LocalClient, ws: dict, sleep: Callable[[float], None] = time.sleep) -> dict:
     """`ws` (a workspace's view, just created or started) once it runs, or as it is when it
     stays queued or staging past the waits; WorkspaceEnded when it stopped (its container
-    exited: the member stops a workspace whose command ends) or ended instead."""
+    exited: the member stops a workspace whose command ends) or ended instead;
+    WorkspaceNotUp when its container was recorded but not seen up within UP_WAIT_S."""
     name, job_id = ws["workspace"]["name"], ws["id"]
     ws = _running_or_waiting(c, ws, name, job_id, sleep)
     if ws["state"] == "stopped":
@@ -79,6 +98,7 @@ def _running_or_waiting(c: LocalClient, ws: dict, name: str, job_id: int, sleep:
     recorded_at = time.monotonic()
     seen: str | None = None  # the start time of the container seen running at the last look
     seen_at = 0.0
+    last = "podman not asked yet"
     until = recorded_at + UP_WAIT_S
     while time.monotonic() < until:
         ws = view(c, name, job_id)
@@ -89,15 +109,18 @@ def _running_or_waiting(c: LocalClient, ws: dict, name: str, job_id: int, sleep:
         if status is None:  # not ours to ask (another member), or podman cannot say: the job's state decides
             if now - recorded_at >= REMOTE_SETTLE_S:
                 return ws
+            last = "podman could not be asked"
         elif status[0] == "running":
             if seen != status[1]:
                 seen, seen_at = status[1], now
             elif now - seen_at >= SETTLE_S:
                 return ws
+            last = f"podman last showed it running since {status[1]}, not yet for {SETTLE_S:.0f} s in a row"
         else:
             seen = None
+            last = "podman had not made it yet" if status[0] == "missing" else f"podman last showed it {status[0]}"
         sleep(POLL_S * 5)
-    return ws
+    raise WorkspaceNotUp(name, ws, last)
 
 
 def container_status(c: LocalClient, container: str) -> tuple[str, str] | None:
