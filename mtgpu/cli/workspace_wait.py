@@ -95,6 +95,7 @@ def _running_or_waiting(c: LocalClient, ws: dict, name: str, job_id: int, sleep:
     if ws["state"] != "running" or not ws["workspace"]["container"]:
         return ws
     here = isinstance(c, LocalClient) and c.health()["node"] == ws["workspace"]["node"]  # a remote caller: no podman
+    podman = tenant_podman_of(c) if here else None  # asked once: the same answer at every look
     recorded_at = time.monotonic()
     seen: str | None = None  # the start time of the container seen running at the last look
     seen_at = 0.0
@@ -104,7 +105,7 @@ def _running_or_waiting(c: LocalClient, ws: dict, name: str, job_id: int, sleep:
         ws = view(c, name, job_id)
         if ws["state"] != "running":
             return ws
-        status = container_status(c, ws["workspace"]["container"]) if here else None
+        status = container_status(podman, ws["workspace"]["container"]) if podman else None
         now = time.monotonic()
         if status is None:  # not ours to ask (another member), or podman cannot say: the job's state decides
             if now - recorded_at >= REMOTE_SETTLE_S:
@@ -123,14 +124,23 @@ def _running_or_waiting(c: LocalClient, ws: dict, name: str, job_id: int, sleep:
     raise WorkspaceNotUp(name, ws, last)
 
 
-def container_status(c: LocalClient, container: str) -> tuple[str, str] | None:
-    """(status, started at) of `container` in the caller's podman store on this member;
-    None when podman cannot be asked."""
+def tenant_podman_of(c: LocalClient) -> tuple[str, dict[str, str]] | None:
+    """(podman, its environment) for the caller on this member, from the member's answer;
+    None when the member cannot say (podman is then not asked)."""
     try:
-        podman, env = tenant_podman(c.podman_env())
-        r = subprocess.run([podman, "container", "inspect", "--format", "{{.State.Status}} {{.State.StartedAt}}",
+        return tenant_podman(c.podman_env())
+    except ClientError:
+        return None
+
+
+def container_status(podman: tuple[str, dict[str, str]], container: str) -> tuple[str, str] | None:
+    """(status, started at) of `container` in the caller's podman store on this member, with
+    `podman` from tenant_podman_of; None when podman cannot be asked."""
+    program, env = podman
+    try:
+        r = subprocess.run([program, "container", "inspect", "--format", "{{.State.Status}} {{.State.StartedAt}}",
                             container], env=env, capture_output=True, text=True, timeout=120, cwd="/")
-    except (ClientError, OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired):
         return None
     if r.returncode != 0:
         return ("missing", "")  # not made yet (podman run is starting it)

@@ -83,3 +83,14 @@ def test_a_container_podman_shows_running_is_up(tmp_path, monkeypatch):
     monkeypatch.setattr(workspace_wait, "POLL_S", 0.01)
     c = MemberAnswers(fake_podman(tmp_path, "running 2026-12-02 15:00:00 +0000 UTC"), make_view())
     assert wait_until_up(c, make_view())["state"] == "running"
+
+
+def test_the_member_is_asked_for_podman_once_per_wait(tmp_path, short_waits):
+    """Every look asks podman; the member's answer (its podman, the tenant's environment) is
+    the same at each, so it is asked once, not at every look."""
+    c = MemberAnswers(fake_podman(tmp_path, "created 0001-01-01 00:00:00 +0000 UTC"), make_view())
+    looks = []
+    with pytest.raises(WorkspaceNotUp):
+        wait_until_up(c, make_view(), sleep=lambda s: looks.append(s))
+    assert len(looks) >= 3, looks
+    assert c.podman_env_calls == 1
