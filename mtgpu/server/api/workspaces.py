@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import replace
 
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from ...accounts.lookup import tenant_home_of
@@ -25,7 +26,7 @@ from ...agent.podman.tenant import PodmanSetupError
 from ...agent.runners.base import RunnerError
 from ...agent.runners.workspace import url_of
 from ...jobfile import JobFileError, parse_job_file
-from ...model.job import Job, JobState, WorkspaceSpec
+from ...model.job import Job, JobSpec, JobState, WorkspaceSpec
 from ...state import commands as C
 from ...workspaces.homepath import OutsideHome, checked_mounts
 from ...workspaces.runargs import check_run_args
@@ -104,6 +105,17 @@ class WorkspaceService:
 
     # ------------------------------------------------------------ create
     async def create(self, caller: Caller, req: WorkspaceRequest) -> dict:
+        """Check and commit a workspace. The checks walk the tenant's file system (every bind
+        source resolved in the home, homepath.py: a source through `..` and symlinks takes
+        a quarter of a second, a request may hold many), so they run in a worker thread:
+        on the event loop they held up every other request, members' reports included."""
+        spec, name = await run_in_threadpool(self._checked_spec, caller, req)
+        r = await self.service.submit_spec(caller, spec, what="workspace")
+        warnings = [w for w in (r.get("warning"), *r.get("warnings", ())) if w]  # the disk quota; an own image pinned
+        return {"name": name, "job_id": r["job_id"], **({"warning": "; ".join(warnings)} if warnings else {})}
+
+    def _checked_spec(self, caller: Caller, req: WorkspaceRequest) -> tuple[JobSpec, str]:
+        """The workspace's job spec and name, from a request that passed every check (blocking)."""
         self.service._authorized(caller)
         given = [k for k in ("template", "image", "devcontainer") if getattr(req, k) is not None]
         if len(given) != 1:
@@ -143,9 +155,7 @@ class WorkspaceService:
             raise ServiceError(422, f"refused: {e}", refused=True) from None
         spec = replace(spec, name=name, container=image, workspace=ws, time_limit_s=None, workdir=home,
                        script="# a workspace (mt-container): its container runs its command\n")
-        r = await self.service.submit_spec(caller, spec, what="workspace")
-        warnings = [w for w in (r.get("warning"), *r.get("warnings", ())) if w]  # the disk quota; an own image pinned
-        return {"name": name, "job_id": r["job_id"], **({"warning": "; ".join(warnings)} if warnings else {})}
+        return spec, name
 
     def _templates_hint(self) -> str:
         names = sorted(self.config.CONTAINERS.templates)
