@@ -8,6 +8,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -16,10 +17,11 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import ContentSwitcher, Footer, Input, Static
 
+from ..cli.workspace_wait import WorkspaceEnded, not_up_message, view, wait_until_up
 from . import vscode
 from .commands import COMMANDS, Command, CommandError, devcontainer_command, parse_command, workspace_body
 from .rows import ClusterSnapshot, Row, filter_rows, job_rows, server_rows, sort_rows, workspace_rows
-from .screens import ConfirmScreen, HelpScreen, LogScreen
+from .screens import ConfirmScreen, HelpScreen, LogScreen, NoticeScreen
 from .source import Cluster, group_by_cluster, merge
 from .tables import TABLES, RowTable
 
@@ -66,6 +68,7 @@ class RemoteGpuApp(App):
         self._in_flight: set[str] = set()
         self._input_mode = ""
         self.forwards: dict[tuple[str, str, int], subprocess.Popen] = {}
+        self._app_ending = threading.Event()  # set when the app ends: a workspace's wait stops
 
     # ------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -254,11 +257,60 @@ class RemoteGpuApp(App):
         verb = {"start": "started", "stop": "stopped", "rm": "removed"}[action]
         run = lambda: self._act(cluster, lambda c: c.workspace_action(name, action),  # noqa: E731
                                 f"{verb} workspace {name} on {cluster}", f"could not {action} workspace {name}")
-        if action == "rm":
+        if action == "start":
+            self._act_until_up(cluster, lambda c: c.workspace_action(name, "start"), f"start workspace {name}")
+        elif action == "rm":
             self.push_screen(ConfirmScreen(f"remove workspace {name} on {cluster} (its container goes)?"),
                              lambda yes: run() if yes else self.say(f"workspace {name} kept"))
         else:
             run()
+
+    def _act_until_up(self, cluster: str, begin: Callable[[Any], dict], what: str) -> None:
+        """Create or start a workspace, then wait as `mt-container create` and `start` do, with
+        the same code (cli/workspace_wait.py): until it runs; until it has stayed queued a while
+        (it keeps its place, and the status line says why); or until it stopped or ended
+        instead, which a notice says with its reason and the end of its output."""
+        def work() -> None:
+            try:
+                text = self.clusters[cluster].call(lambda c: self._until_up(c, cluster, begin))
+            except _Closing:
+                return
+            except Exception as e:  # noqa: BLE001 - shown, the app keeps running
+                text = f"could not {what}: {e}"
+            self._from_thread(self.say, text)
+            self._from_thread(self.action_refresh_now)
+        self.say(f"{what} on {cluster}...")
+        self.run_worker(work, thread=True, group="act")
+
+    def _until_up(self, c: Any, cluster: str, begin: Callable[[Any], dict]) -> str:
+        r = begin(c)  # create answers the name and job id, start the workspace itself
+        ws = view(c, r["name"], r["job_id"]) if "job_id" in r else r
+        name = ws["workspace"]["name"]
+        warning = f" (warning: {r['warning']})" if r.get("warning") else ""
+        self._from_thread(self.say, f"workspace {name} is {ws['state']} on {cluster}: waiting until it runs{warning}")
+        try:
+            ws = wait_until_up(c, ws, sleep=self._sleep)
+        except WorkspaceEnded as e:
+            message = not_up_message(c, e)
+            self._from_thread(self.push_screen, NoticeScreen(message))
+            return message.splitlines()[0]
+        w = ws["workspace"]
+        if ws["state"] == "running" and w.get("container"):
+            return f"workspace {name} runs on {w['node']} ({cluster}){warning}"
+        if ws["state"] == "running":
+            return f"workspace {name} is still being prepared on {w['node']} (its image is staged): see it in 3"
+        return (f"workspace {name} is {ws['state']}" + (f": {ws['reason']}" if ws.get("reason") else "")
+                + "; it keeps its place and starts when it can")
+
+    def _sleep(self, seconds: float) -> None:
+        if self._app_ending.wait(seconds):
+            raise _Closing()
+
+    def _from_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self.call_from_thread(fn, *args)
+        except RuntimeError:  # the app has ended meanwhile
+            pass
 
     def _running_workspace(self) -> Row | None:
         row = self._selected("workspaces")
@@ -383,6 +435,7 @@ class RemoteGpuApp(App):
         self.run_worker(work, thread=True, group="vscode")
 
     def on_unmount(self) -> None:
+        self._app_ending.set()
         for proc in self.forwards.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -431,8 +484,8 @@ class RemoteGpuApp(App):
         elif cmd.name == "create":
             cluster = self._cluster_for(cmd)
             body = workspace_body(cmd)
-            self._act(cluster, lambda c: c.create_workspace(body), f"created workspace from {cmd.args[0]} "
-                      f"{cmd.args[1]} on {cluster}", "could not create the workspace")
+            self._act_until_up(cluster, lambda c: c.create_workspace(body),
+                               f"create a workspace from {cmd.args[0]} {cmd.args[1]}")
 
     def _node_for(self, cluster: str) -> str:
         """The selected node of the servers view, else the node this cluster was joined at."""
@@ -449,6 +502,10 @@ class RemoteGpuApp(App):
             raise CommandError(f"no column {cmd.args[0]!r} here; the columns: {', '.join(columns)}")
         self.sorting[self.current] = (match[0], "desc" in cmd.args[1:])
         self.render_view()
+
+
+class _Closing(Exception):
+    """The app is ending: a workspace's wait stops."""
 
 
 def local_port_for(port: int) -> int:

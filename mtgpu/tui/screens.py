@@ -1,5 +1,5 @@
-"""The app's pop-up screens: every key (`?`), a yes/no question before something that
-cannot be undone, and a job's log followed live."""
+"""The app's pop-up screens: every key (`?`), a notice too long for the status line, a
+yes/no question before something that cannot be undone, and a job's log followed live."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="help"):
             yield Static(self.text, id="help-text", markup=False)
+
+
+class NoticeScreen(HelpScreen):
+    """What does not fit the status line: why a workspace could not start, with the end of
+    its output. Esc or q closes it."""
 
 
 class ConfirmScreen(ModalScreen[bool]):

@@ -4,8 +4,13 @@ tests/integration/test_tui.py): keys, views, filter, help, refusals, a dead clus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
+import pytest
+
+from mtgpu.cli import workspace_wait
 from mtgpu.client.errors import ClientError
+from mtgpu.client.logs import LogPart
 from mtgpu.tui.app import RemoteGpuApp, help_text
 from tests.unit.tui.tui_builders import make_job, make_node, make_workspace
 
@@ -17,6 +22,8 @@ class FakeClient:
         self._nodes, self._jobs, self._ws = nodes, jobs, list(workspaces)
         self.cancelled: list[int] = []
         self.calls: list[tuple] = []
+        self.looks: dict[str, list[dict]] = {}
+        self.log: dict[int, bytes] = {}
 
     def nodes(self):
         return self._nodes
@@ -36,11 +43,26 @@ class FakeClient:
 
     def workspace_action(self, name, action):
         self.calls.append((action, name))
-        return {}
+        return self.workspace(name) if action == "start" else {}
 
     def create_workspace(self, body):
         self.calls.append(("create", body))
-        return {}
+        name = body.get("name") or body.get("template") or body.get("image")
+        self.looks.setdefault(name, [make_workspace(name, container=f"mtgpu-ws-{name}")])
+        return {"name": name, "job_id": 99}
+
+    def workspace(self, name):
+        """Its next view: `looks[name]` in turn, the last one for good (the workspace as it evolves)."""
+        views = self.looks.get(name) or [next(w for w in self._ws if w["workspace"]["name"] == name)]
+        return views.pop(0) if len(views) > 1 else views[0]
+
+    def job(self, job_id):
+        return {"id": job_id, "state": "cancelled", "reason": "removed"}
+
+    @contextlib.contextmanager
+    def open_log(self, job_id, offset=0, tail=None, rank=0):
+        data = self.log.get(job_id, b"")
+        yield LogPart(job_id, 0, len(data), True, "stopped", "node-a", iter([data]))
 
     def close(self):
         pass
@@ -197,4 +219,81 @@ def test_workspace_keys_and_create_command_call_the_api():
             await pilot.press("n", *"web name=w2", "enter")
             await until(pilot, "the creation", lambda: client.calls[-1] == ("create", {"template": "web",
                                                                                        "name": "w2"}))
+    asyncio.run(go())
+
+
+@pytest.fixture
+def quick_waits(monkeypatch):
+    """The waits of cli/workspace_wait.py, shortened: a remote workspace counts as up after
+    0.3 s of running with its container recorded; a queued one is waited for 1.5 s."""
+    monkeypatch.setattr(workspace_wait, "REMOTE_SETTLE_S", 0.3)
+    monkeypatch.setattr(workspace_wait, "QUEUED_WAIT_S", 1.5)
+    monkeypatch.setattr(workspace_wait, "POLL_S", 0.02)
+
+
+def status_of(app) -> str:
+    return str(app.query_one("#status").render())
+
+
+def test_create_waits_until_the_workspace_runs_as_mt_container_does(quick_waits):
+    """Not done while it is queued or its container not yet recorded: the status line says it
+    waits, then that it runs (an 80x24 terminal)."""
+    client = FakeClient([make_node()], [], [make_workspace("web")])
+    queued = make_workspace("w2", state="queued", container=None)
+    queued["reason"] = "waiting for a GPU"
+    client.looks["w2"] = [queued] * 8 + [make_workspace("w2", container=None)] * 4 + [
+        make_workspace("w2", container="mtgpu-ws99")]
+
+    async def go():
+        app = app_with(client)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("3")
+            await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+            await pilot.press("n", *"web name=w2", "enter")
+            await until(pilot, "the creation", lambda: ("create", {"template": "web", "name": "w2"}) in client.calls)
+            await until(pilot, "the wait", lambda: "waiting until it runs" in status_of(app))
+            assert "runs on" not in status_of(app)
+            await until(pilot, "the workspace to run", lambda: status_of(app) == "workspace w2 runs on node-a (lab)")
+            assert client.looks["w2"] == [make_workspace("w2", container="mtgpu-ws99")]  # every look was taken
+    asyncio.run(go())
+
+
+def test_a_workspace_that_stays_queued_says_why_and_keeps_its_place(quick_waits):
+    client = FakeClient([make_node()], [], [make_workspace("web", state="stopped")])
+    queued = make_workspace("web", state="queued", container=None)
+    queued["reason"] = "no node has a free GPU now"
+    client.looks["web"] = [queued]
+
+    async def go():
+        app = app_with(client)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("3")
+            await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+            await pilot.press("s")
+            await until(pilot, "the start", lambda: ("start", "web") in client.calls)
+            await until(pilot, "the verdict", lambda: "keeps its place" in status_of(app))
+            assert status_of(app).startswith("workspace web is queued: no node has a free GPU now"), status_of(app)
+    asyncio.run(go())
+
+
+def test_a_start_that_stops_instead_says_why_with_the_end_of_its_output(quick_waits):
+    client = FakeClient([make_node()], [], [make_workspace("web", state="stopped")])
+    stopped = make_workspace("web", state="stopped", container="mtgpu-ws99")
+    stopped["reason"] = "its command ended (exit 127)"
+    client.looks["web"] = [make_workspace("web", container="mtgpu-ws99")] * 3 + [stopped]
+    client.log[99] = b"starting\n/bin/sh: jupyter: not found\n"
+
+    async def go():
+        app = app_with(client)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("3")
+            await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+            await pilot.press("s")
+            await until(pilot, "the failure", lambda: "could not start" in status_of(app))
+            assert status_of(app).startswith("workspace web (job 99) could not start: it is stopped"), status_of(app)
+            notice = str(app.screen.query_one("#help-text").render())
+            assert "(its command ended (exit 127)); its output ends with:" in notice, notice
+            assert "jupyter: not found" in notice, notice
+            await pilot.press("escape")
+            assert "could not start" in status_of(app)
     asyncio.run(go())

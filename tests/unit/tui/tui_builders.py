@@ -24,9 +24,10 @@ def make_job(job_id: int, state: str = "running", nodes: tuple[str, ...] = ("nod
             "spec": {"workspace": {"name": "w"} if workspace else None}}
 
 
-def make_workspace(name: str, state: str = "running", ports: tuple[int, ...] = (8080,), node: str = "node-a") -> dict:
+def make_workspace(name: str, state: str = "running", ports: tuple[int, ...] = (8080,), node: str = "node-a",
+                   container: str | None = "mtgpu-ws99") -> dict:
     return {"id": 99, "state": state, "reason": None,
-            "workspace": {"name": name, "node": node, "image": "localhost/base", "ports": [
+            "workspace": {"name": name, "node": node, "image": "localhost/base", "container": container, "ports": [
                 {"port": p, "host_port": 40000 + p, "url": None} for p in ports]}}
 
 
