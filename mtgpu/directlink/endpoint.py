@@ -5,7 +5,14 @@ Each relay frame or direct UDP datagram between two endpoints carries one QUIC d
 after a byte that says which side's connection it is for (so two endpoints may dial each
 other at once): TO_RESPONDER for the session the sender dialled, TO_DIALER for the one it
 answers. A datagram goes direct while the session's direct path is up (direct.py), else
-through the relay.
+through the relay; while the direct path is silent (SUSPECT_AFTER_S) it goes both ways.
+
+A peer may hold many sessions with an endpoint at once (two ssh terminals, scp beside
+them, API calls): the answering side tells them apart by the QUIC destination connection
+id of each datagram, never ends one because another starts, and takes at most
+MAX_SESSIONS_PER_PEER from one peer (the next is refused, saying so). The relay
+connection is kept: when it drops, sessions on the direct path go on, new ones wait
+until it is back (with `reconnect`, the endpoint connects again itself).
 """
 
 from __future__ import annotations
@@ -24,34 +31,61 @@ from .tlsbind import TlsIdentity
 
 log = logging.getLogger(__name__)
 TO_RESPONDER, TO_DIALER = b"\x00", b"\x01"
+MAX_SESSIONS_PER_PEER = 32
+SUSPECT_AFTER_S = 0.8   # the direct path silent this long: datagrams go the relay's way too
+PATH_KEEPALIVE_S = 0.25  # a probe on an up path this often (its answer shows the path works both ways)
+TICK_S = 0.1
+RECONNECT_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+CID_LENGTH = 8  # qh3's connection_id_length: the length of a short header's destination id
 
 
-def is_new_dial(session: Session, datagram: bytes) -> bool:
-    """Whether `datagram` opens another connection than `session`'s: a QUIC Initial
-    packet to a destination id the session did not start with. (A set-up session never
-    gets Initials of its own: the dialer drops its Initial keys during the handshake.)"""
-    if len(datagram) < 7 or datagram[0] & 0xF0 != 0xC0:  # long header, fixed bit, type Initial
-        return False
-    length = datagram[5]
-    dcid = datagram[6:6 + length]
-    return dcid != session.original_dcid
+def destination_cid(datagram: bytes) -> bytes | None:
+    """The destination connection id of a QUIC packet (None: not one)."""
+    if not datagram:
+        return None
+    if datagram[0] & 0x80:  # long header: flags, version (4), id length, id
+        if len(datagram) < 7 or datagram[5] > 20 or len(datagram) < 6 + datagram[5]:
+            return None
+        return bytes(datagram[6:6 + datagram[5]])
+    return bytes(datagram[1:1 + CID_LENGTH]) if len(datagram) > CID_LENGTH else None
+
+
+def is_initial(datagram: bytes) -> bool:
+    return len(datagram) >= 7 and datagram[0] & 0xF0 == 0xC0  # long header, fixed bit, type Initial
 
 
 class Endpoint:
     def __init__(self, key: Ed25519PrivateKey, relay: RelayConnection,
                  on_stream: Callable[[Session, Stream], Awaitable[None]] | None = None,
-                 admit: Callable[[str, dict], str | None] | None = None, claims: dict | None = None) -> None:
+                 admit: Callable[[str, dict], str | None] | None = None, claims: dict | None = None,
+                 reconnect: Callable[[], Awaitable[RelayConnection]] | None | bool = True) -> None:
+        """`reconnect`: how to connect to a relay again when the connection drops (True:
+        the same relay, with the same credential; None or False: the owner calls
+        use_relay itself)."""
         self.tls = TlsIdentity(key)
         self.id = self.tls.id
         self.relay = relay
         self.on_stream, self.admit, self.claims = on_stream, admit, claims
         self.dialled: dict[str, Session] = {}
-        self.answered: dict[str, Session] = {}
+        self.answered: dict[str, list[Session]] = {}  # peer id -> its sessions that are not closed
+        self._routes: dict[bytes, Session] = {}       # destination connection id -> answered session
         self.udp: D.UdpSocket | None = None
+        self.relay_udp: tuple[str, int] | None = None
         self.public: str | None = None  # this endpoint's UDP address as the relay sees it
         self.candidates: list[str] = []
-        self._pump = asyncio.ensure_future(self._receive())
+        self._local_candidates = True
+        self._pump = asyncio.ensure_future(self._receive(relay))
         self._keeper: asyncio.Task | None = None
+        self._closing = False
+        self._reconnect = (relay.reopen if reconnect is True else reconnect) or None
+        self._relay_keeper = asyncio.ensure_future(self._keep_relay()) if self._reconnect else None
+
+    def sessions(self) -> list[Session]:
+        """Every session not closed, dialled and answered."""
+        out = [s for s in self.dialled.values() if not s.closed.is_set()]
+        for group in self.answered.values():
+            out += [s for s in group if not s.closed.is_set()]
+        return out
 
     async def enable_direct(self, relay_udp: tuple[str, int], bind: str = "0.0.0.0",
                             local_candidates: bool = True) -> bool:
@@ -61,14 +95,57 @@ class Endpoint:
         loop = asyncio.get_running_loop()
         _t, self.udp = await loop.create_datagram_endpoint(lambda: D.UdpSocket(self._udp_datagram),
                                                            local_addr=(bind, 0))
-        self.public = await self.udp.public_address(relay_udp)
-        port = self.udp.local_port()
-        mine = [f"{a}:{port}" for a in D.local_addresses()] if local_candidates else []
-        self.candidates = ([self.public] if self.public else []) + [c for c in mine if c != self.public]
+        self.relay_udp, self._local_candidates = relay_udp, local_candidates
+        await self._learn_public()
         self._keeper = asyncio.ensure_future(self._keep_paths())
         if self.public is None:
             log.info("directlink: the relay does not answer over UDP: sessions stay on the relay")
         return self.public is not None
+
+    async def _learn_public(self) -> bool:
+        """Ask the relay where it sees the UDP socket; True when that changed."""
+        before = self.public
+        self.public = await self.udp.public_address(self.relay_udp)
+        port = self.udp.local_port()
+        mine = [f"{a}:{port}" for a in D.local_addresses()] if self._local_candidates else []
+        self.candidates = ([self.public] if self.public else []) + [c for c in mine if c != self.public]
+        return self.public != before
+
+    # ------------------------------------------------------------ the relay
+    def use_relay(self, relay: RelayConnection, relay_udp: tuple[str, int] | None = None) -> None:
+        """Go on with another relay connection (the old one dropped): sessions are kept;
+        the public UDP address is asked again (a new relay, or a new network)."""
+        old, self.relay = self.relay, relay
+        self._pump.cancel()
+        self._pump = asyncio.ensure_future(self._receive(relay))
+        if old is not relay:
+            asyncio.ensure_future(old.close())
+        if relay_udp is not None:
+            self.relay_udp = relay_udp
+        if self.udp is not None and self.relay_udp is not None:
+            asyncio.ensure_future(self._moved())
+
+    async def _keep_relay(self) -> None:
+        while not self._closing:
+            await self.relay.closed.wait()
+            if self._closing:
+                return
+            where = self.relay.where
+            direct = sum(1 for s in self.sessions() if s.path == "direct")
+            log.warning("directlink: the relay %s closed the connection; %d session(s) on the direct path go on, "
+                        "new sessions wait until it is back (connecting again)", where, direct)
+            for attempt in range(1 << 30):
+                await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)])
+                if self._closing:
+                    return
+                try:
+                    relay = await self._reconnect()
+                except Exception as e:  # noqa: BLE001 - any failure: try again later, said once per try
+                    log.info("directlink: the relay %s: %s; trying again", where, e or type(e).__name__)
+                    continue
+                self.use_relay(relay)
+                log.info("directlink: connected to the relay %s again", where)
+                break
 
     # ------------------------------------------------------------ sessions
     async def dial(self, peer_id: str, timeout_s: float = 15.0) -> Session:
@@ -86,6 +163,8 @@ class Endpoint:
             st = getattr(session, "direct", None)
             if st is not None and st.addr is not None and self.udp is not None:
                 self.udp.sendto(tag + datagram, st.addr)
+                if time.monotonic() - st.heard > SUSPECT_AFTER_S:
+                    self.relay.send(peer_id, tag + datagram)  # QUIC drops the copy that comes second
             else:
                 self.relay.send(peer_id, tag + datagram)
         return send
@@ -97,9 +176,55 @@ class Endpoint:
 
         async def offer() -> None:
             await s.ready.wait()
-            if self.udp is not None and self.candidates:
-                s.send_control({"direct": {"token": s.direct.my_token.hex(), "candidates": self.candidates}})
+            self._offer(s)
         asyncio.ensure_future(offer())
+
+    def _offer(self, s: Session) -> None:
+        if self.udp is not None and self.candidates and s.ready.is_set():
+            s.send_control({"direct": {"token": s.direct.my_token.hex(), "candidates": self.candidates}})
+
+    def _answer(self, src: str, datagram: bytes) -> Session | None:
+        """A new session for a dialer's first Initial (None: dropped, too many half-open)."""
+        group = self.answered.setdefault(src, [])
+        group[:] = [s for s in group if not s.closed.is_set()]
+        if len(group) >= MAX_SESSIONS_PER_PEER + 8:  # refused ones still closing; more is a flood
+            log.debug("directlink: dropped a dial from %s...: %d sessions open", src[:16], len(group))
+            return None
+        s = Session.answer(self.tls, src, datagram, lambda d: None, None, self._admit_for(src))
+        s.on_stream = self._stream_for(s)
+        s.send = self._sender(s, src, TO_DIALER)
+        s.on_cid = self._cid
+        group.append(s)
+        for cid in (s.original_dcid, s.conn.host_cid):
+            self._routes[cid] = s
+        self._watch(s)
+        asyncio.ensure_future(self._forget(s))
+        return s
+
+    def _admit_for(self, src: str) -> Callable[[str, dict], str | None]:
+        def admit(ident: str, claims: dict) -> str | None:
+            ready = [s for s in self.answered.get(src, []) if s.ready.is_set() and not s.closed.is_set()]
+            if len(ready) >= MAX_SESSIONS_PER_PEER:
+                return (f"{src[:16]}... has {len(ready)} sessions open with this node, the most one key may hold "
+                        f"(MAX_SESSIONS_PER_PEER = {MAX_SESSIONS_PER_PEER}): close one and try again")
+            return self.admit(ident, claims) if self.admit is not None else None
+        return admit
+
+    def _cid(self, s: Session, cid: bytes, issued: bool) -> None:
+        if issued and not s.closed.is_set():
+            self._routes[cid] = s
+        elif self._routes.get(cid) is s:
+            del self._routes[cid]
+
+    async def _forget(self, s: Session) -> None:
+        await s.closed.wait()
+        for cid in [c for c, x in self._routes.items() if x is s]:
+            del self._routes[cid]
+        group = self.answered.get(s.peer_id)
+        if group is not None and s in group:
+            group.remove(s)
+            if not group:
+                del self.answered[s.peer_id]
 
     def _control(self, s: Session, message: dict) -> None:
         offer = message.get("direct")
@@ -112,8 +237,12 @@ class Endpoint:
         if len(token) != 16:
             return
         st = s.direct
-        st.peer_token, st.peer_candidates = token, D.parse_candidates(offer.get("candidates"))
+        candidates = D.parse_candidates(offer.get("candidates"))
+        moved = st.peer_candidates and candidates != st.peer_candidates
+        st.peer_token, st.peer_candidates = token, candidates
         log.debug("directlink: %s... offers a direct path at %s", s.peer_id[:16], st.peer_candidates)
+        if moved and st.addr is not None and time.monotonic() - st.heard > SUSPECT_AFTER_S:
+            self._down(s, "the peer moved")
         self._punch(s)
 
     def _punch(self, s: Session) -> None:
@@ -121,57 +250,89 @@ class Endpoint:
         if st.addr is None and (st.punching is None or st.punching.done()):
             st.punching = asyncio.ensure_future(D.punch(self.udp, st))
 
+    def _down(self, s: Session, why: str) -> None:
+        log.info("directlink: the direct path to %s... %s: back on the relay", s.peer_id[:16], why)
+        st = s.direct
+        st.addr, st.up_since, s.path = None, None, "relay"
+        st.retry_at = time.monotonic() + 0.5
+
     def _udp_datagram(self, data: bytes, addr) -> None:
         kind, body = data[:1], data[1:]
         now = time.monotonic()
         if kind in (D.PROBE, D.ACK):
             log.debug("directlink: %s from %s:%d", "probe" if kind == D.PROBE else "answer", *addr)
-        sessions = [s for s in list(self.dialled.values()) + list(self.answered.values())
-                    if getattr(s, "direct", None) is not None and not s.closed.is_set()]
-        if kind == D.PROBE:
-            for s in sessions:
-                if body == s.direct.my_token and s.direct.peer_token is not None:
-                    self.udp.sendto(D.ACK + s.direct.peer_token, addr)
-            return
-        if kind == D.ACK:
-            for s in sessions:
-                if body == s.direct.my_token:
-                    if s.direct.addr != addr:
+            for s in self.sessions():
+                st = getattr(s, "direct", None)
+                if st is None or body != st.my_token:
+                    continue
+                if kind == D.PROBE and st.peer_token is not None:
+                    self.udp.sendto(D.ACK + st.peer_token, addr)
+                    if st.addr != addr and (st.addr is None or now - st.heard > SUSPECT_AFTER_S):
+                        self.udp.sendto(D.PROBE + st.peer_token, addr)  # the peer moved here: its answer moves us
+                elif kind == D.ACK:
+                    if st.addr != addr:
                         log.info("directlink: session with %s... is direct at %s:%d", s.peer_id[:16], *addr)
-                        s.direct.up_since = now
-                    s.direct.addr, s.direct.heard, s.path = addr, now, "direct"
+                        st.up_since = now
+                    st.addr, st.heard, s.path = addr, now, "direct"
             return
-        table = self.answered if kind == TO_RESPONDER else self.dialled if kind == TO_DIALER else None
-        for s in sessions:
-            if s.direct.addr == addr and table is not None and table.get(s.peer_id) is s:
-                s.direct.heard = now
-                s.feed(body)
-                return
+        s = None
+        if kind == TO_RESPONDER:
+            s = self._routes.get(destination_cid(body) or b"")
+        elif kind == TO_DIALER:
+            s = next((x for x in self.dialled.values() if getattr(x, "direct", None) is not None
+                      and x.direct.addr == addr), None)
+        if s is not None and not s.closed.is_set() and s.direct.addr == addr:
+            s.direct.heard = now
+            s.feed(body)
 
     async def _keep_paths(self) -> None:
         while True:
-            await asyncio.sleep(D.KEEPALIVE_S)
+            await asyncio.sleep(TICK_S)
             now = time.monotonic()
-            for s in list(self.dialled.values()) + list(self.answered.values()):
+            moved = False
+            for s in self.sessions():
                 st = getattr(s, "direct", None)
-                if st is None or s.closed.is_set():
+                if st is None:
                     continue
                 if st.addr is not None:
-                    if now - st.heard > D.DOWN_AFTER_S:
-                        log.info("directlink: the direct path to %s... stopped answering: back on the relay",
-                                 s.peer_id[:16])
-                        st.addr, st.up_since, s.path = None, None, "relay"
-                        st.retry_at = now + 0.5
-                    else:
+                    silent = now - st.heard
+                    if silent > D.DOWN_AFTER_S:
+                        self._down(s, "stopped answering")
+                        moved = True
+                    elif silent > SUSPECT_AFTER_S and not getattr(st, "suspect", False):
+                        st.suspect = True  # a ping both ways: its answer through the relay resends what was lost
+                        s.conn.send_ping(int(now * 1000) & 0xFFFFFFFF)
+                        s.flush()
                         self.udp.sendto(D.PROBE + st.peer_token, st.addr)
+                    elif now - getattr(st, "probed", 0.0) >= PATH_KEEPALIVE_S:
+                        st.probed = now
+                        self.udp.sendto(D.PROBE + st.peer_token, st.addr)
+                    if silent <= SUSPECT_AFTER_S:
+                        st.suspect = False
                 elif st.peer_token is not None and now >= getattr(st, "retry_at", 0.0) and (
                         st.punching is None or st.punching.done()):
                     st.retry_at = now + D.RETRY_EVERY_S
                     self._punch(s)
+            if moved:
+                asyncio.ensure_future(self._moved())
 
-    async def _receive(self) -> None:
+    async def _moved(self) -> None:
+        """A path went down, or the relay changed: ask the public address again, and
+        offer the new one to every session when it changed (a NAT rebinding, a new network)."""
+        if self.udp is None or self.relay_udp is None or getattr(self, "_asking", False):
+            return
+        self._asking = True
+        try:
+            if await self._learn_public():
+                log.info("directlink: this endpoint's public UDP address is now %s", self.public)
+                for s in self.sessions():
+                    self._offer(s)
+        finally:
+            self._asking = False
+
+    async def _receive(self, relay: RelayConnection) -> None:
         while True:
-            src, payload = await self.relay.incoming.get()
+            src, payload = await relay.incoming.get()
             tag, datagram = payload[:1], payload[1:]
             try:
                 if tag == TO_DIALER:
@@ -179,33 +340,33 @@ class Endpoint:
                     if s is not None and not s.closed.is_set():
                         s.feed(datagram)
                 elif tag == TO_RESPONDER:
-                    s = self.answered.get(src)
-                    if s is not None and not s.closed.is_set() and s.ready.is_set() and is_new_dial(s, datagram):
-                        s.close("the peer dialled again")  # it restarted: its old session is gone
-                    if s is None or s.closed.is_set():
-                        s = self.answered[src] = Session.answer(self.tls, src, datagram, lambda d: None,
-                                                                self._stream_for(src), self.admit)
-                        s.send = self._sender(s, src, TO_DIALER)
-                        self._watch(s)
-                    s.feed(datagram)
+                    s = self._routes.get(destination_cid(datagram) or b"")
+                    if s is not None and (s.peer_id != src or s.closed.is_set()):
+                        s = None  # another peer's id, or a session that ended: not this one's
+                    if s is None and is_initial(datagram):
+                        s = self._answer(src, datagram)
+                    if s is not None:
+                        s.feed(datagram)
             except (ValueError, SessionError) as e:  # a datagram that is not QUIC, or not for us
                 log.debug("directlink: dropped a datagram from %s...: %s", src[:16], e)
             except Exception:  # noqa: BLE001 - one bad datagram must not stop every session
                 log.warning("directlink: a datagram from %s... could not be handled", src[:16], exc_info=True)
 
-    def _stream_for(self, src: str):
+    def _stream_for(self, session: Session):
         async def handle(stream: Stream) -> None:
             if self.on_stream is not None:
-                await self.on_stream(self.answered[src], stream)
+                await self.on_stream(session, stream)
         return handle
 
     async def close(self) -> None:
-        for s in list(self.dialled.values()) + list(self.answered.values()):
+        self._closing = True
+        for s in self.sessions():
             s.close("the endpoint closes")
         await asyncio.sleep(0)
         self._pump.cancel()
-        if self._keeper is not None:
-            self._keeper.cancel()
+        for task in (self._keeper, self._relay_keeper):
+            if task is not None:
+                task.cancel()
         if self.udp is not None and self.udp.transport is not None:
             self.udp.transport.close()
         await self.relay.close()

@@ -24,6 +24,24 @@ from .relaytls import HANDSHAKE_TIMEOUT_S, RelayTls
 log = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0
 QUEUE_FRAMES = 512  # frames waiting for a slow receiver before the sender waits
+CONNECTIONS_PER_ID = 64  # one endpoint id's connections at once (a laptop's terminals); the oldest goes beyond
+CIDS_PER_CONNECTION = 64
+
+
+def source_cid(datagram: bytes) -> bytes | None:
+    """The source connection id of a QUIC long-header packet (None: a short header, or not QUIC)."""
+    if len(datagram) < 7 or not datagram[0] & 0x80:
+        return None
+    at = 6 + datagram[5]
+    if len(datagram) <= at or len(datagram) < at + 1 + datagram[at]:
+        return None
+    return bytes(datagram[at + 1:at + 1 + datagram[at]])
+
+
+def destination_cid(datagram: bytes) -> bytes | None:
+    if len(datagram) < 7 or not datagram[0] & 0x80:
+        return bytes(datagram[1:9]) if len(datagram) > 9 else None
+    return bytes(datagram[6:6 + datagram[5]])
 
 
 @dataclass
@@ -31,13 +49,17 @@ class _Endpoint:
     cred: Credential
     writer: asyncio.StreamWriter
     queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_FRAMES))
+    cids: dict = field(default_factory=dict)  # QUIC connection ids its packets named as theirs (ordered)
 
 
 class Relay:
     def __init__(self, trusted: dict[str, Ed25519PublicKey], clock=time.time) -> None:
         self.trusted = trusted
         self.clock = clock
-        self._endpoints: dict[tuple[str, bytes], _Endpoint] = {}  # (cluster, raw id) -> endpoint
+        # (cluster, raw id) -> its connections, newest last: one id may be connected several
+        # times at once (a laptop's ssh terminals, each its own process and session); a frame
+        # for it goes to the connection whose QUIC connection id it names, else the newest.
+        self._endpoints: dict[tuple[str, bytes], list[_Endpoint]] = {}
         self.forwarded_frames = 0
         self.forwarded_bytes = 0
         self.refusals: list[str] = []
@@ -70,8 +92,11 @@ class Relay:
         finally:
             if me is not None:
                 key = (me.cred.cluster, bytes.fromhex(me.cred.id))
-                if self._endpoints.get(key) is me:
-                    del self._endpoints[key]
+                group = self._endpoints.get(key, [])
+                if me in group:
+                    group.remove(me)
+                    if not group:
+                        del self._endpoints[key]
                     log.info("relay: %s %s (%s) left", me.cred.role, me.cred.name, me.cred.id[:12])
             writer.close()
 
@@ -99,10 +124,10 @@ class Relay:
             return None
         me = _Endpoint(cred, writer)
         key = (cred.cluster, bytes.fromhex(cred.id))
-        old = self._endpoints.get(key)
-        self._endpoints[key] = me  # a reconnect replaces the old connection
-        if old is not None:
-            old.writer.close()
+        group = self._endpoints.setdefault(key, [])
+        group.append(me)
+        while len(group) > CONNECTIONS_PER_ID:  # a restarted endpoint's dead connections go first
+            group.pop(0).writer.close()
         observed = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
         writer.write(F.pack(F.WELCOME, json.dumps({"id": cred.id, "observed": observed}).encode()))
         log.info("relay: admitted %s %s of %s (%s) from %s", cred.role, cred.name, cred.cluster, cred.id[:12], observed)
@@ -114,7 +139,12 @@ class Relay:
         while True:
             kind, payload = await F.read_frame(reader)
             if kind == F.SEND and len(payload) >= 32:
-                dst = self._endpoints.get((cluster, payload[:32]))
+                scid = source_cid(payload[33:])
+                if scid and scid not in me.cids:
+                    me.cids[scid] = None
+                    if len(me.cids) > CIDS_PER_CONNECTION:
+                        del me.cids[next(iter(me.cids))]
+                dst = self._pick(self._endpoints.get((cluster, payload[:32])), payload[33:])
                 if dst is None:
                     me.queue.put_nowait(F.pack(F.UNREACHABLE, payload[:32])) if not me.queue.full() else None
                     continue
@@ -130,6 +160,17 @@ class Relay:
                 raise F.FrameError(f"an endpoint sent a frame of type {kind}")
 
     @staticmethod
+    def _pick(group: list[_Endpoint] | None, datagram: bytes) -> _Endpoint | None:
+        if not group:
+            return None
+        if len(group) > 1:
+            dcid = destination_cid(datagram)
+            for e in reversed(group):
+                if dcid in e.cids:
+                    return e
+        return group[-1]
+
+    @staticmethod
     async def _send_loop(me: _Endpoint) -> None:
         while True:
             frame = await me.queue.get()
@@ -139,7 +180,7 @@ class Relay:
             await me.writer.drain()
 
     def connected(self) -> list[tuple[str, str, str]]:
-        return sorted((e.cred.cluster, e.cred.role, e.cred.name) for e in self._endpoints.values())
+        return sorted((e.cred.cluster, e.cred.role, e.cred.name) for g in self._endpoints.values() for e in g)
 
 
 class _Reflector(asyncio.DatagramProtocol):

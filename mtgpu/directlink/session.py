@@ -121,6 +121,7 @@ class Session:
         self.on_control: Callable[["Session", dict], None] | None = None
         self.path = "relay"  # or "direct": which path carries the datagrams now (set by the endpoint)
         self.original_dcid = b""  # the responder's: the destination id the dialer's first packet had
+        self.on_cid: Callable[["Session", bytes, bool], None] | None = None  # (cid, issued): the endpoint routes by it
 
     # ------------------------------------------------------------ set-up
     @classmethod
@@ -185,6 +186,8 @@ class Session:
                 self._dialer_handshake()
             elif isinstance(e, ev.StreamDataReceived):
                 self._stream_data(e)
+            elif isinstance(e, (ev.ConnectionIdIssued, ev.ConnectionIdRetired)) and self.on_cid is not None:
+                self.on_cid(self, e.connection_id, isinstance(e, ev.ConnectionIdIssued))
             elif isinstance(e, ev.ConnectionTerminated):
                 self._closed(e.reason_phrase or f"closed (error {e.error_code})")
 

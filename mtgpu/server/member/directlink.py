@@ -125,9 +125,8 @@ class MemberDirectLink:
         ep = self.endpoint
         sessions = []
         if ep is not None:
-            for s in list(ep.answered.values()) + list(ep.dialled.values()):
-                if not s.closed.is_set():
-                    sessions.append({"peer": s.peer_id, "path": s.path})
+            for s in ep.sessions():
+                sessions.append({"peer": s.peer_id, "path": s.path})
         return {"id": self.id, "relay": self.relay_now, "relay_listen": self.settings.relay_listen,
                 "public": ep.public if ep is not None else None, "sessions": sessions, "problem": self.problem}
 
@@ -176,12 +175,16 @@ class MemberDirectLink:
             self.problem = f"the relay {address} does not answer: {e or type(e).__name__}"
             log.warning("directlink: %s", self.problem)
             return False
-        ep = self.endpoint = Endpoint(self.key, relay, on_stream=self._stream, admit=self._admit,
-                                      claims={"member": self.address})
-        try:
-            await ep.enable_direct((ip, port))
-        except OSError as e:
-            log.warning("directlink: no direct paths (%s): sessions stay on the relay", e)
+        ep = self.endpoint
+        if ep is None:  # the first relay connection: the endpoint lives from now on, its sessions with it
+            ep = self.endpoint = Endpoint(self.key, relay, on_stream=self._stream, admit=self._admit,
+                                          claims={"member": self.address}, reconnect=None)
+            try:
+                await ep.enable_direct((ip, port))
+            except OSError as e:
+                log.warning("directlink: no direct paths (%s): sessions stay on the relay", e)
+        else:
+            ep.use_relay(relay, (ip, port))
         self.relay_now, self.problem = address, ""
         self.connected.set()
         log.info("directlink: connected to the relay %s as %s...", address, self.id[:16])
@@ -189,9 +192,11 @@ class MemberDirectLink:
         self.relay_now = ""
         self.connected.clear()
         if not self._stopping:
-            log.warning("directlink: the relay %s closed the connection; connecting again", address)
-        await ep.close()
-        self.endpoint = None
+            direct = sum(1 for s in ep.sessions() if s.path == "direct")
+            self.problem = f"the relay {address} closed the connection: new sessions wait until a relay admits this member"
+            log.warning("directlink: the relay %s closed the connection; %d session(s) on the direct path go on, "
+                        "new sessions wait until a relay admits this member again (connecting again)",
+                        address, direct)
         return True
 
     # ------------------------------------------------------------ sessions
@@ -245,7 +250,7 @@ class MemberDirectLink:
     def _route(self, address: str, service: str, wait: bool) -> int | None:
         """The loopback port of the forwarder to `address`'s `service`, when that member
         does not answer directly and a relay is up; None: connect to it directly."""
-        if address == self.address or self.endpoint is None or self._loop is None:
+        if address == self.address or self.endpoint is None or self._loop is None or not self.connected.is_set():
             return None
         answered = self._direct.get(address)
         if answered is None or answered[1] == 0.0:  # not tried yet (0.0: known, its try to come)

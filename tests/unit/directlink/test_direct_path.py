@@ -38,7 +38,7 @@ def test_a_session_moves_to_the_direct_path_and_back_to_the_relay_without_ending
             assert await e.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
             assert e.public == f"127.0.0.1:{e.udp.local_port()}"
         session = await a.dial(b.id)
-        await until("the direct path", lambda: session.path == "direct" and b.answered[a.id].path == "direct")
+        await until("the direct path", lambda: session.path == "direct" and b.answered[a.id][0].path == "direct")
         relayed = relay.forwarded_bytes
         await round_trip(session, 2_000_000)
         assert relay.forwarded_bytes - relayed < 50_000  # the 2 MB went direct
