@@ -96,11 +96,19 @@ def _client(entry: dict, timeout_s: float = 30.0) -> RemoteClient:
             dl.check_usable(info, entry["server"])
             tunnel = dl.Tunnel(info, Path(entry["key"]), entry["node"])
             host, port = tunnel.start()
+            tunnel.settle()  # the path in use: direct comes within a moment where the NATs allow it
+            shown = tunnel.label
             print(f"remotegpu: {entry['server']} does not answer directly; through DirectLink to {entry['node']} "
-                  f"({'direct' if tunnel.path == 'direct' else 'relayed'})", file=sys.stderr, flush=True)
+                  f"({shown})", file=sys.stderr, flush=True)
             client = RemoteClient(f"{host}:{port}", entry["tenant"], Path(entry["key"]), timeout_s=timeout_s)
-            client.on_close = tunnel.close
-            client.path = "p2p" if tunnel.path == "direct" else "relayed"
+            client.tunnel = tunnel
+
+            def close() -> None:
+                if tunnel.label != shown:
+                    print(f"remotegpu: the DirectLink path to {entry['node']} is now {tunnel.label}", file=sys.stderr,
+                          flush=True)
+                tunnel.close()
+            client.on_close = close
             return client
     return RemoteClient(entry["server"], entry["tenant"], Path(entry["key"]), timeout_s=timeout_s)
 
@@ -473,6 +481,7 @@ def tunnel(server: Optional[str] = typer.Option(None, "--server", help="the join
         host, port = t.start()
     except ClientError as e:
         fail(str(e), 1)
+    t.settle()
     print(json.dumps({"address": f"{host}:{port}", "node": entry["node"],
                       "path": "direct" if t.path == "direct" else "relayed"}), flush=True)
     try:

@@ -12,6 +12,7 @@ it runs on Windows and macOS too.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import sys
@@ -19,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..directlink import noise
 from ..directlink.endpoint import Endpoint
 from ..directlink.identity import Credential, endpoint_id
 from ..directlink.relay_client import RelayConnection, RelayRefused
@@ -73,12 +75,20 @@ async def connect(info: dict, key_path: Path, node: str, say=lambda text: None):
         try:
             session = await ep.dial(target["id"], timeout_s=20)
         except SessionError as e:
-            await ep.close()
+            await close_endpoint(ep)
             problems.append(f"{address}: {e}")
             continue
         say(f"remotegpu: {target['name']} through the relay {address}")
         return ep, session
     raise ClientError(f"cannot reach {node} through DirectLink: " + ("; ".join(problems) or "no relay listed"))
+
+
+async def close_endpoint(ep: Endpoint, timeout_s: float = 2.0) -> None:
+    """Close an endpoint, not waiting longer than `timeout_s` for a relay that does not answer."""
+    try:
+        await asyncio.wait_for(ep.close(), timeout_s)
+    except Exception:  # noqa: BLE001 - leaving anyway
+        pass
 
 
 def _stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
@@ -101,11 +111,12 @@ async def proxy(info: dict, key_path: Path, node: str, svc: str = "ssh", quiet: 
         if not quiet:
             print(text, file=sys.stderr, flush=True)
 
+    noise.install(asyncio.get_running_loop(), logging.DEBUG)  # nothing of asyncio's reaches ssh's terminal
     ep, session = await connect(info, key_path, node, say)
     try:
         stream = await open_service(session, svc)
     except (ServiceRefused, SessionError) as e:
-        await ep.close()
+        await close_endpoint(ep)
         raise ClientError(f"{node} did not open {svc}: {e}") from None
     loop = asyncio.get_running_loop()
     incoming: asyncio.Queue[bytes] = asyncio.Queue()
@@ -141,30 +152,57 @@ async def proxy(info: dict, key_path: Path, node: str, svc: str = "ssh", quiet: 
     finally:
         watcher.cancel()
         sender.cancel()
-        await ep.close()
+        await close_endpoint(ep)
     return 0
 
 
 class Tunnel:
     """A loopback TCP port whose connections reach a node's `svc` (its API) through one
     DirectLink session, served by a thread of its own: the client's HTTP code stays as
-    it is and talks to 127.0.0.1."""
+    it is and talks to 127.0.0.1. `close()` ends it within a bound, whatever the peer
+    does: the open connections are cut, the endpoint closed (or left), the loop ended."""
+
+    CLOSE_S = 4.0
 
     def __init__(self, info: dict, key_path: Path, node: str, svc: str = "api") -> None:
         self.info, self.key_path, self.node, self.svc = info, key_path, node, svc
         self.address: tuple[str, int] | None = None
         self.session = None
+        self._endpoint: Endpoint | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: Exception | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._closing = False
 
     @property
     def path(self) -> str:
+        """The path the session uses now: "direct", "relay", or "none" (not open)."""
         return self.session.path if self.session is not None else "none"
 
+    @property
+    def label(self) -> str:
+        """The path in the words the client shows: "p2p" or "relayed"."""
+        return "p2p" if self.path == "direct" else "relayed"
+
+    def settle(self, timeout_s: float = 2.0) -> str:
+        """The path in use once the direct path had `timeout_s` to come up (it takes a few
+        hundred ms where the NATs allow it; no wait where this endpoint has no UDP)."""
+        ep = self._endpoint
+        if ep is None or ep.udp is None or not ep.public:
+            return self.path
+        end = time.monotonic() + timeout_s
+        while self.path != "direct" and time.monotonic() < end and not self._closing:
+            time.sleep(0.05)
+        return self.path
+
     def start(self, timeout_s: float = 40.0) -> tuple[str, int]:
-        threading.Thread(target=self._run, name="remotegpu-tunnel", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="remotegpu-tunnel", daemon=True)
+        self._thread.start()
         if not self._ready.wait(timeout_s):
+            self.close()
             raise ClientError(f"no DirectLink session with {self.node} within {timeout_s:g}s")
         if self._error is not None:
             raise self._error
@@ -172,44 +210,66 @@ class Tunnel:
 
     def _run(self) -> None:
         loop = self._loop = asyncio.new_event_loop()
+        noise.install(loop, logging.DEBUG)  # nothing of asyncio's reaches the user's terminal
         try:
             loop.run_until_complete(self._open())
         except Exception as e:  # noqa: BLE001 - given to the caller of start()
             self._error = e if isinstance(e, ClientError) else ClientError(f"DirectLink: {e}")
-            self._ready.set()
-            loop.close()
-            return
         self._ready.set()
         try:
-            loop.run_forever()
+            if self._error is None:
+                loop.run_forever()
         finally:
-            loop.close()
+            try:
+                loop.run_until_complete(self._shut())
+            finally:
+                loop.close()
 
     async def _open(self) -> None:
         from ..directlink.services import pipe
         self._endpoint, self.session = await connect(self.info, self.key_path, self.node)
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._writers.add(writer)
             try:
-                stream = await open_service(self.session, self.svc)
-            except (ServiceRefused, SessionError):
-                writer.close()
-                return
-            await pipe(stream, reader, writer)
+                try:
+                    stream = await open_service(self.session, self.svc)
+                except (ServiceRefused, SessionError):
+                    writer.close()
+                    return
+                await pipe(stream, reader, writer)
+            finally:
+                self._writers.discard(writer)
 
         self._server = await asyncio.start_server(handle, "127.0.0.1", 0)
         self.address = self._server.sockets[0].getsockname()[:2]
 
-    def close(self) -> None:
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            return
-
-        async def shut() -> None:
+    async def _shut(self) -> None:
+        """Stop taking connections, cut the open ones, close the endpoint (bounded: a peer
+        or relay that does not answer is not waited for) and end every task left."""
+        if self._server is not None:
             self._server.close()
-            await self._endpoint.close()
-            loop.stop()
-        asyncio.run_coroutine_threadsafe(shut(), loop)
+        for w in list(self._writers):
+            w.transport.abort()
+        if self._endpoint is not None:
+            try:
+                await asyncio.wait_for(self._endpoint.close(), self.CLOSE_S / 2)
+            except (asyncio.TimeoutError, OSError, SessionError, Exception):  # noqa: BLE001 - leaving anyway
+                pass
+        await noise.cancel_rest(self.CLOSE_S / 4)
+
+    def close(self) -> None:
+        """End the tunnel and wait for it, at most CLOSE_S seconds (its thread is a daemon:
+        a process that leaves meanwhile is not held)."""
+        self._closing = True
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or thread is threading.current_thread():
+            return
+        try:
+            loop.call_soon_threadsafe(loop.stop)  # _run then shuts everything down
+        except RuntimeError:
+            pass  # already closed
+        thread.join(self.CLOSE_S)
 
 
 def reachable(server: str, timeout_s: float = 2.0) -> bool:

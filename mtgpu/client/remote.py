@@ -23,7 +23,12 @@ class RemoteClient:
         self._key = load_private_key(key_path) if key_path is not None else None
         self._http = httpx.Client(base_url=f"http://{server}", timeout=timeout_s)
         self.on_close = None  # e.g. the DirectLink tunnel it goes through
-        self.path = "direct"  # how it reaches the node: direct, or through DirectLink ("p2p" or "relayed")
+        self.tunnel = None  # the DirectLink tunnel it goes through, if any
+
+    @property
+    def path(self) -> str:
+        """How it reaches the node now: "direct", or through DirectLink "p2p" or "relayed"."""
+        return "direct" if self.tunnel is None else self.tunnel.label
 
     def close(self) -> None:
         self._http.close()

@@ -73,17 +73,26 @@ class UdpSocket(asyncio.DatagramProtocol):
             return
         self.on_datagram(data, addr)
 
+    def connection_lost(self, exc) -> None:
+        self.transport = None  # closed: what is still sent (a probe, a keep-alive) goes nowhere
+
     def sendto(self, data: bytes, addr, ttl: int | None = None) -> None:
-        if self.transport is None:
+        """Send one datagram; a socket that is closed or closing, or a send the network
+        refuses (ICMP unreachable, a dropped route), loses it: UDP may, QUIC resends."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
-        sock = self.transport.get_extra_info("socket")
-        if ttl is not None:
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
+        sock = transport.get_extra_info("socket")
         try:
-            self.transport.sendto(data, addr)
-        finally:
             if ttl is not None:
-                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 64)
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
+            try:
+                transport.sendto(data, addr)
+            finally:
+                if ttl is not None:
+                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 64)
+        except (OSError, AttributeError, ValueError):
+            pass
 
     async def public_address(self, relay: tuple[str, int], timeout_s: float = 2.0) -> str | None:
         """The address the relay sees this socket at ("host:port"), or None (UDP blocked)."""
@@ -141,7 +150,7 @@ async def punch(udp: UdpSocket, state: DirectState, deadline_s: float = PUNCH_FO
         udp.sendto(PROBE + state.peer_token, addr, ttl=OPENER_TTL)
     await asyncio.sleep(PROBE_EVERY_S)
     end = time.monotonic() + deadline_s
-    while state.addr is None and time.monotonic() < end:
+    while state.addr is None and time.monotonic() < end and udp.transport is not None:
         for addr in state.peer_candidates:
             udp.sendto(PROBE + state.peer_token, addr)
         await asyncio.sleep(PROBE_EVERY_S)

@@ -1,0 +1,125 @@
+"""A tenant's client through DirectLink on one real member that serves the relay itself
+(on loopback), its LISTEN made unreachable in servers.json (issue 26):
+
+- Ctrl-C ends a command that keeps a DirectLink forward (`dashboard`) promptly and
+  cleanly, also while a forwarded connection is open and the member does not answer at
+  all (stopped): the tunnel cuts its connections and gives up on the endpoint within a
+  bound, and nothing of asyncio's (a traceback, "Task was destroyed") reaches stderr.
+- The path an API command says it uses is the one in use: on loopback the direct path
+  comes up, and the command says "p2p", as `servers --live` does (it said "relayed"
+  always, taken before the direct path had a moment to come up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.laptop import remotegpu
+from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
+from tests.support.users import can_create_users, stop_node_and_remove_tenants
+
+if can_create_users():
+    pytest.skip(can_create_users(), allow_module_level=True)
+
+UID_RANGE = (420000, 424999)  # its own: the accounts this node makes never meet another test's
+NOISE = ("Traceback", "Task was destroyed", "never retrieved", "Exception ignored")
+
+
+def joined_behind_directlink(node, name: str, home: Path) -> None:
+    """Join `node` from `home`, fetch its DirectLink details, then make its address dead."""
+    r = node.admin("tenant", "invite", name, "--json")
+    assert r.returncode == 0, r.stderr
+    r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}")
+    assert r.returncode == 0, r.stderr
+
+    def directlink_known() -> bool:  # the member's DirectLink id, in the cluster's state
+        r = remotegpu(home, "ssh-config", "--file", str(home / "ssh_config"))
+        assert r.returncode == 0, r.stderr
+        return bool(json.loads((home / "servers.json").read_text())[0].get("directlink", {}).get("nodes"))
+    wait_for("the member's DirectLink id", directlink_known, timeout_s=60, interval_s=0.5)
+    servers = json.loads((home / "servers.json").read_text())
+    servers[0]["server"] = "127.0.0.1:9"  # nothing answers there: DirectLink it is
+    (home / "servers.json").write_text(json.dumps(servers))
+
+
+def test_ctrl_c_ends_a_directlink_forward_promptly_with_a_connection_open_and_the_member_stopped(tmp_path):
+    name = f"dc{os.getpid() % 10000}"
+    home = tmp_path / "laptop"
+    relay_at = f"127.0.0.1:{free_port()}"
+    with running_node([], name="node-dc", CLUSTER_MODE="cluster", CLUSTER_ID="lab-dl-client",
+                      SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(UID_RANGE),
+                      DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
+        proc, stopped, conn = None, False, None
+        try:
+            joined_behind_directlink(node, name, home)
+            proc = subprocess.Popen([sys.executable, "-m", "mtgpu.cli.remotegpu", "dashboard", "--print-url",
+                                     "--no-browser"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "REMOTEGPU_HOME": str(home)}, cwd=REPO_ROOT)
+            url = proc.stdout.readline().strip()
+            assert url.startswith("http://127.0.0.1:") and "/dashboard?token=" in url, \
+                (url, proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+            host, port = url.split("/")[2].split(":")
+            # A connection through the forward, its request half sent: the member is then
+            # stopped, so it never answers and the session hears nothing more.
+            conn = socket.create_connection((host, int(port)), timeout=20)
+            conn.sendall(b"GET /v1/info HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(1.0)  # the tunnel opened its stream for it
+            os.kill(node.proc.pid, signal.SIGSTOP)
+            stopped = True
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            try:
+                _, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate(timeout=10)
+                raise AssertionError(f"remotegpu-cli dashboard did not end within 30 s of Ctrl-C:\n{err}") from None
+            assert proc.returncode == 0, err
+            assert "through DirectLink to node-dc" in err and "Ctrl-C ends it" in err, err
+            assert not [w for w in NOISE if w in err], err
+        finally:
+            if conn is not None:
+                conn.close()
+            if stopped:
+                os.kill(node.proc.pid, signal.SIGCONT)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            stop_node_and_remove_tenants(node, [name], UID_RANGE)
+
+
+def test_an_api_command_says_the_path_in_use_p2p_when_the_direct_path_is_up(tmp_path):
+    name = f"dp{os.getpid() % 10000}"
+    home = tmp_path / "laptop"
+    relay_at = f"127.0.0.1:{free_port()}"
+    with running_node([], name="node-dp", CLUSTER_MODE="cluster", CLUSTER_ID="lab-dl-path",
+                      SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(UID_RANGE),
+                      DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
+        try:
+            joined_behind_directlink(node, name, home)
+            said = []
+
+            def p2p() -> bool:  # each try is a new session: its path comes up within a moment
+                r = remotegpu(home, "whoami", "--json")
+                assert r.returncode == 0 and json.loads(r.stdout)["name"] == name, r.stderr
+                assert not [w for w in NOISE if w in r.stderr], r.stderr
+                said.append(r.stderr.strip())
+                return "through DirectLink to node-dp (p2p)" in r.stderr
+            try:
+                wait_for("a command that says p2p", p2p, timeout_s=90, interval_s=0.5)
+            except AssertionError:
+                raise AssertionError(f"never p2p; the commands said: {said}") from None
+            r = remotegpu(home, "servers", "--live", "--json")
+            assert r.returncode == 0, r.stderr
+            [view] = json.loads(r.stdout)
+            assert view["path"] in ("p2p", "relayed"), view
+        finally:
+            stop_node_and_remove_tenants(node, [name], UID_RANGE)
