@@ -11,6 +11,7 @@ checked by homepath.py where the file is read and where the container is made.""
 from __future__ import annotations
 
 import csv
+import io
 import posixpath
 from dataclasses import dataclass
 
@@ -45,7 +46,22 @@ class Mount:
         if self.read_only:
             parts.append("readonly")
         parts += [f"{k}={v}" if v else k for k, v in self.options]
-        return ",".join(parts)
+        return mount_fields(parts)
+
+
+def mount_fields(fields: list[str]) -> str:
+    """`fields` as one `--mount` value: podman 4.3 reads it as a line of CSV (Go's
+    encoding/csv), so a field holding `,` or `"` is quoted, its `"` doubled (a path with
+    a comma would otherwise be cut there; `:` needs nothing, unlike in `-v`)."""
+    line = io.StringIO()
+    csv.writer(line, lineterminator="").writerow(fields)
+    return line.getvalue()
+
+
+def bind_mount_arg(source: str, target: str, read_only: bool = False) -> str:
+    """`--mount`'s value binding host path `source` at `target`: any folder name holds,
+    where `-v SOURCE:TARGET` is cut at each `:` of either."""
+    return Mount("bind", target, source, read_only).to_mount_arg()
 
 
 def inside(path: str, folder: str) -> bool:

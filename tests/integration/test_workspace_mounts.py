@@ -228,3 +228,22 @@ def test_a_folder_swapped_in_a_loop_never_reaches_the_container(wnode, alice, im
     assert swapper.returncode == 0, swapper.stderr.read()
     print(outcomes)
     assert mtc(wnode, alice, "rm", "loop").returncode == 0
+
+
+def test_a_folder_named_with_a_colon_and_a_comma_is_mounted(wnode, alice, image):
+    """The member hands podman each bind as `--mount`, quoted as the CSV podman reads: `-v
+    SOURCE:TARGET` was cut at the folder's ':' (and its `--mount` string at ','), so the
+    workspace could not start."""
+    home = Path(alice.home)
+    _folder_and_link(alice, "run:2,b", "f", "odd name\n", "odd.link", "run:2,b")
+    project = _project(alice, "oddname", {"image": image, "mounts": [
+        {"type": "bind", "source": "${localEnv:HOME}/run:2,b", "target": "/data:1,2"},
+        "type=bind,\"source=${localEnv:HOME}/odd.link\",target=/l"]})
+    r = mtc(wnode, alice, "create", "--devcontainer", str(project), "--name", "oddname")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    running(wnode, alice, "oddname")
+    for path in ("/data:1,2/f", "/l/f"):
+        r = mtc(wnode, alice, "exec", "oddname", "--", "cat", path)
+        assert r.returncode == 0 and r.stdout == "odd name\n", (path, r.stdout, r.stderr)
+    assert (home / "run:2,b").is_dir()
+    assert mtc(wnode, alice, "rm", "oddname").returncode == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mtgpu.workspaces.errors import DevContainerError
-from mtgpu.workspaces.mounts import parse_mount
+from mtgpu.workspaces.mounts import Mount, bind_mount_arg, parse_mount
 from mtgpu.workspaces.runargs import check_run_args, host_sources
 
 HOME = "/home/alice"
@@ -49,3 +49,12 @@ def test_an_overlay_volumes_upperdir_and_workdir_are_host_paths_kept_in_the_home
                                        HOME)[0].message
     assert check_run_args(["-v", "/home/alice/s:/w:O,upperdir=/home/alice/u,workdir=/home/alice/w"], HOME) == []
     assert [s for _k, _v, s in host_sources(args)] == ["/home/alice/src", "/etc", "/home/alice/work"]
+
+
+@pytest.mark.parametrize("source,target", [("/home/alice/we:ird,name", "/data:1,2"), ('/home/alice/say "hi"', "/w"),
+                                           ("/home/alice/a=b", "/x")])
+def test_a_bind_of_any_folder_name_is_one_mount_value_read_back_whole(source, target):
+    """What the member hands podman as `--mount` (podman 4.3 reads it as CSV, as parse_mount
+    does): a ',' or '"' in a path is quoted, so the path comes back whole; `-v` would cut it at ':'."""
+    value = bind_mount_arg(source, target, read_only=True)
+    assert parse_mount(value, "mounts[0]") == Mount("bind", target, source, True)

@@ -55,6 +55,7 @@ from mtgpu.model.gpu import VISIBILITY_VARS
 from mtgpu.workspaces.variables import (container_env_of_image, has_container_env, image_env, resolve_container_env,
                                         substitute_container_env_in_shell)
 from mtgpu.workspaces.homepath import OutsideHome, checked_mounts, recheck_stored_sources
+from mtgpu.workspaces.mounts import bind_mount_arg
 from mtgpu.workspaces.runargs import host_sources
 from mtgpu.agent.podman.bindcheck import Bind, BindMismatch, check_binds
 
@@ -227,7 +228,7 @@ class ContainerRunner(NativeRunner):
         else:
             argv += ["-v", f"{files / NODE_ENTRY_FILE}:{ENTRY_MOUNT}:ro"]
             for source, target, ro in mounts:  # resolved: no symlink of the tenant's left for podman to follow
-                argv += ["-v", f"{source}:{target}" + (":ro" if ro else "")]
+                argv += ["--mount", bind_mount_arg(source, target, ro)]  # a folder named with ':' or ',' holds
         for path in self.read_only:
             if os.path.exists(path):
                 argv += ["-v", f"{path}:{path}:ro"]
