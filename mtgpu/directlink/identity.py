@@ -10,6 +10,8 @@ a fresh challenge with X's private key, so a credential is worth nothing without
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -59,6 +61,28 @@ def member_key(secret: str, cluster_id: str, address: str) -> Ed25519PrivateKey:
     seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=cluster_id.encode(),
                 info=b"mtgpu-directlink-member-key-v1\0" + address.encode()).derive(secret.encode())
     return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def invite_code_hash(code: str) -> str:
+    """What the cluster's state keeps of an invite code (never the code itself)."""
+    return hashlib.sha256(b"mtgpu-invite-v1\0" + code.strip().encode()).hexdigest()
+
+
+def invite_key(code_hash: str) -> Ed25519PrivateKey:
+    """The DirectLink key of a pending invitation, derived from its code's hash: the
+    invitee's client holds the code, so it derives it; the members see the hash in the
+    state, so they know the id and admit it to the API alone (to join), until the code
+    is used or expires. From behind NAT, `remotegpu-cli join` goes through the relay
+    with it (issue 26)."""
+    seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                info=b"mtgpu-directlink-invite-key-v1\0").derive(bytes.fromhex(code_hash))
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+@functools.lru_cache(maxsize=1024)
+def invite_id(code_hash: str) -> str:
+    """The endpoint id of a pending invitation (its key: invite_key)."""
+    return endpoint_id(invite_key(code_hash))
 
 
 def _canonical(fields: dict) -> bytes:

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ...config import Config
 from ...config.schema import parse_address
 from ...directlink.endpoint import Endpoint
-from ...directlink.identity import MEMBER_CREDENTIAL_S, cluster_key, endpoint_id, issue, member_key
+from ...directlink.identity import MEMBER_CREDENTIAL_S, cluster_key, endpoint_id, invite_id, issue, member_key
 from ...directlink.relay import Relay
 from ...directlink.relay_client import RelayConnection, RelayRefused
 from ...directlink.services import ServiceRefused, open_service, pipe, serve_stream
@@ -75,6 +75,7 @@ class MemberDirectLink:
         self._ids: dict[str, str | None] = {}  # OpenSSH line -> id (cache)
         self._member_ids: dict[str, str] = {}  # address -> member id (cache)
         self._members_in: set[str] = set()  # ids of members that proved who they are
+        self._invitees: set[str] = set()  # ids of pending invitations' keys (the API only, to join)
         self._direct: dict[str, tuple[bool, float]] = {}  # address -> (answers directly, when tried)
         self._forwarders: dict[tuple[str, str], int] = {}  # (address, service) -> loopback port
         self._routed_lock = threading.Lock()
@@ -224,11 +225,18 @@ class MemberDirectLink:
                     self._ids[line] = openssh_key_id(line)
                 if self._ids[line] == peer_id:
                     return None
+        with self.member.store.lock:  # a pending invitation joins through the API alone (identity.invite_key)
+            pending = [h for h, i in machine.invites.items() if i.expires_at > time.time()]
+        if peer_id in {invite_id(h) for h in pending}:
+            self._invitees.add(peer_id)
+            return None
         return (f"{peer_id[:16]}... is no tenant of {self.cluster_id} (no joined key is this one) and no member: "
                 "join with `remotegpu-cli join` first")
 
     async def _stream(self, session, stream) -> None:
         targets = self.member_targets if session.peer_id in self._members_in else self.tenant_targets
+        if session.peer_id in self._invitees:
+            targets = {"api": self.tenant_targets["api"]}
         await serve_stream(session, stream, targets)
 
     # ------------------------------------------------------------ routes to other members
