@@ -226,7 +226,7 @@ class MemberDirectLink:
                 if self._ids[line] == peer_id:
                     return None
         with self.member.store.lock:  # a pending invitation joins through the API alone (identity.invite_key)
-            pending = [h for h, i in machine.invites.items() if i.expires_at > time.time()]
+            pending = [h for h, i in machine.invites.items() if i.used_at is None and i.expires_at > time.time()]
         if peer_id in {invite_id(h) for h in pending}:
             self._invitees.add(peer_id)
             return None
