@@ -96,8 +96,9 @@ def tenant_invite(
         print_json(r)
     else:
         out.print(f"invite for {r['name']} (clusters: {', '.join(r['clusters'])}), valid until {when(r['expires_at'])}:")
-        out.print(r["code"], markup=False)
-        out.print("they run: remotegpu-cli join CODE --server THIS_NODE:PORT", markup=False)
+        out.print(r["invitation"], markup=False)
+        out.print(f"they run: remotegpu-cli join INVITATION (the line above; it names this node, and its relay when "
+                  f"DirectLink is on). The bare code, for --server HOST:PORT: {r['code']}", markup=False)
 
 
 @tenant_app.command("list")

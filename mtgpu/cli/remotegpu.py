@@ -120,12 +120,27 @@ def _connect(server: Optional[str]):
 
 @app.command()
 def join(
-    code: str,
-    server: str = typer.Option(..., "--server", help="HOST:PORT of a node (its LISTEN)"),
+    code: str = typer.Argument(..., help="the invitation `mtgpu-admin tenant invite` printed (mtgpu-invite-...), "
+                               "or its bare code with --server"),
+    server: Optional[str] = typer.Option(None, "--server", help="HOST:PORT of a node (its LISTEN; default: the "
+                                         "invitation's node)"),
     key: Optional[Path] = typer.Option(None, "--key", help="your ed25519 private key, or its .pub (default: make one)"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Redeem an invite code: registers your public key; you get an account on every node."""
+    """Redeem an invitation: registers your public key; you get an account on every node.
+    When its node does not answer directly (it is behind NAT), the invitation goes
+    through the cluster's DirectLink relay, which it names."""
+    from ..client import directlink as dl
+    from ..client.errors import ClientError
+    try:
+        invitation = dl.parse_invitation(code)
+    except ClientError as e:
+        fail(str(e), 2)
+    if invitation is not None:
+        code, server = invitation["code"], server or invitation["server"]
+    elif server is None:
+        fail("a bare invite code needs --server HOST:PORT (a node's LISTEN); the whole invitation "
+             "(mtgpu-invite-...) names its node itself", 2)
     try:
         if key is None:
             key = config_dir() / "id_ed25519"
@@ -136,12 +151,24 @@ def join(
             key = private
     except (BadKey, OSError) as e:
         fail(str(e), 2)
-    r = request(lambda: RemoteClient(server), lambda c: c.join(code, public))
+    info = None
+    if invitation is not None and invitation.get("directlink") and not dl.reachable(server):
+        print(f"remotegpu: {server} does not answer directly; joining through DirectLink to {invitation['node']}",
+              file=sys.stderr, flush=True)
+        try:
+            r, info = dl.join_through_relay(invitation, public, key)
+        except ClientError as e:
+            fail(str(e), 1)
+    else:
+        r = request(lambda: RemoteClient(server), lambda c: c.join(code, public))
     entry = {"server": server, "tenant": r["name"], "key": str(key.absolute()), "cluster_id": r["cluster_id"],
              "node": r["node"], "uid": r["uid"]}
+    if info is not None:
+        entry["directlink"] = info
     servers = [s for s in _servers() if s["server"] != server] + [entry]
     _save_servers(servers)
-    _refresh_directlink(entry, quiet=True)
+    if info is None:
+        _refresh_directlink(entry, quiet=True)
     if json_out:
         print_json(r)
     else:

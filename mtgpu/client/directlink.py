@@ -22,12 +22,14 @@ from pathlib import Path
 
 from ..directlink import noise
 from ..directlink.endpoint import Endpoint
-from ..directlink.identity import Credential, endpoint_id
+from ..directlink.identity import Credential, endpoint_id, invite_code_hash, invite_key
 from ..directlink.relay_client import RelayConnection, RelayRefused
 from ..directlink.services import ServiceRefused, open_service
 from ..directlink.session import SessionError
 from .errors import ClientError
 from .signing import load_private_key
+
+INVITATION_PREFIX = "mtgpu-invite-"  # as server/api/tenants.py writes it
 
 
 def node_of(info: dict, name: str) -> dict:
@@ -49,9 +51,10 @@ def check_usable(info: dict | None, where: str) -> dict:
     return info
 
 
-async def connect(info: dict, key_path: Path, node: str, say=lambda text: None):
-    """(endpoint, session) with `node`, through the first relay that admits this key."""
-    key = load_private_key(key_path)
+async def connect(info: dict, key_path: Path | None, node: str, say=lambda text: None, key=None):
+    """(endpoint, session) with `node`, through the first relay that admits this key
+    (the one at `key_path`, or `key` itself: an invitation's)."""
+    key = key if key is not None else load_private_key(key_path)
     target = node_of(info, node)
     cred = Credential.from_dict(info["credential"])
     if cred.id != endpoint_id(key):
@@ -164,8 +167,8 @@ class Tunnel:
 
     CLOSE_S = 4.0
 
-    def __init__(self, info: dict, key_path: Path, node: str, svc: str = "api") -> None:
-        self.info, self.key_path, self.node, self.svc = info, key_path, node, svc
+    def __init__(self, info: dict, key_path: Path | None, node: str, svc: str = "api", key=None) -> None:
+        self.info, self.key_path, self.node, self.svc, self.key = info, key_path, node, svc, key
         self.address: tuple[str, int] | None = None
         self.session = None
         self._endpoint: Endpoint | None = None
@@ -227,7 +230,7 @@ class Tunnel:
 
     async def _open(self) -> None:
         from ..directlink.services import pipe
-        self._endpoint, self.session = await connect(self.info, self.key_path, self.node)
+        self._endpoint, self.session = await connect(self.info, self.key_path, self.node, key=self.key)
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self._writers.add(writer)
@@ -270,6 +273,49 @@ class Tunnel:
         except RuntimeError:
             pass  # already closed
         thread.join(self.CLOSE_S)
+
+
+def parse_invitation(text: str) -> dict | None:
+    """An invitation (`mtgpu-admin tenant invite` prints it: the code, the node's LISTEN
+    and, with DirectLink, its relays, id and a credential for the invitation's key), or
+    None for a bare code."""
+    import base64
+    import json
+    text = text.strip()
+    if not text.startswith(INVITATION_PREFIX):
+        return None
+    raw = text[len(INVITATION_PREFIX):]
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        if not isinstance(doc, dict) or not isinstance(doc.get("code"), str) or not doc.get("server"):
+            raise ValueError("no code or server in it")
+    except ValueError as e:
+        raise ClientError(f"this invitation cannot be read ({e}): copy it whole, as `mtgpu-admin tenant invite` "
+                          "printed it, or give the bare code with --server HOST:PORT") from None
+    return doc
+
+
+def join_through_relay(invitation: dict, public: str, key_path: Path) -> tuple[dict, dict]:
+    """Redeem the invitation's code through the cluster's relay (the node does not answer
+    directly: it is behind NAT), as the invitation's own key, which the member admits to
+    its API until the code is used; then fetch this key's DirectLink details the same way
+    (signed with it, now a tenant's key). (the join's answer, the DirectLink details)."""
+    from .remote import RemoteClient
+    d = invitation["directlink"]
+    code = invitation["code"]
+    info = {"enabled": True, "cluster_id": d["cluster_id"], "relays": d["relays"], "credential": d["credential"],
+            "nodes": [{"name": invitation["node"], "id": d["node_id"], "ssh_host_key": ""}]}
+    check_usable(info, "the invitation")
+    tunnel = Tunnel(info, None, invitation["node"], key=invite_key(invite_code_hash(code)))
+    host, port = tunnel.start()
+    try:
+        with RemoteClient(f"{host}:{port}") as c:
+            answer = c.join(code, public)
+        with RemoteClient(f"{host}:{port}", answer["name"], key_path) as c:
+            details = c.directlink(endpoint_id(load_private_key(key_path)))
+    finally:
+        tunnel.close()
+    return answer, details
 
 
 def reachable(server: str, timeout_s: float = 2.0) -> bool:

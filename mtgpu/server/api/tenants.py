@@ -3,7 +3,8 @@ identification of signed requests from off the node."""
 
 from __future__ import annotations
 
-import hashlib
+import base64
+import json
 import pwd
 import secrets
 import time
@@ -16,11 +17,13 @@ from .identity import Caller
 from .service import MemberService, ServiceError
 
 INVITE_TTL_S = 7 * 86400.0
+INVITATION_PREFIX = "mtgpu-invite-"  # `remotegpu-cli join` takes this (code, node, relays) or the bare code
 SEEN_EVERY_S = 3600.0
 
 
 def code_hash(code: str) -> str:
-    return hashlib.sha256(b"mtgpu-invite-v1\0" + code.strip().encode()).hexdigest()
+    from ...directlink.identity import invite_code_hash  # the client derives the invitation's key from it too
+    return invite_code_hash(code)
 
 
 class TenantService:
@@ -58,7 +61,27 @@ class TenantService:
                                expires_at=now + ttl_s, at=now)
         if not r["ok"]:
             raise ServiceError(409, r["error"], refused=True)
-        return {"code": code, "name": name, "clusters": clusters, "expires_at": now + ttl_s}
+        answer = {"code": code, "name": name, "clusters": clusters, "expires_at": now + ttl_s}
+        answer["invitation"] = self._invitation(code, name, now + ttl_s)
+        return answer
+
+    def _invitation(self, code: str, name: str, expires_at: float) -> str:
+        """The code with what a client needs to join from anywhere: this node's LISTEN and,
+        with DirectLink, its relays, its id and a credential for the invitation's own key
+        (identity.invite_key), so `remotegpu-cli join INVITATION` works through the relay
+        alone from behind NAT (docs/DIRECTLINK.md)."""
+        from ...directlink.identity import endpoint_id, invite_key, issue
+        link = self.service.directlink
+        doc: dict = {"v": 1, "code": code, "cluster_id": self.cluster_id, "node": self.config.NODE_NAME,
+                     "server": link.address if link is not None else str(self.config.LISTEN)}
+        if link is not None and link.settings.relays:
+            ident = endpoint_id(invite_key(code_hash(code)))
+            cred = issue(link.cluster_priv, link.cluster_id, ident, "tenant", f"invitee {name}",
+                         max(60.0, expires_at - self.service.clock()), now=self.service.clock())
+            doc["directlink"] = {"cluster_id": link.cluster_id, "relays": list(link.settings.relays),
+                                 "node_id": link.id, "credential": cred.to_dict()}
+        raw = json.dumps(doc, separators=(",", ":")).encode()
+        return INVITATION_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
     def tenants(self, caller: Caller) -> list[dict]:
         self._admin(caller, "listing tenants")
