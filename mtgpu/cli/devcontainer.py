@@ -20,6 +20,7 @@ from ..workspaces.devcontainer import DevContainer, load_devcontainer
 from ..workspaces.errors import DevContainerError
 from ..workspaces.features import feature_dockerfile, stage_feature_context
 from ..workspaces.homepath import mount_sources, source_problems
+from ..workspaces.mounts import HomeFolder
 from .common import err, fail
 from .podman import tenant_podman
 
@@ -163,18 +164,27 @@ def build_features(dc: DevContainer, base: str) -> tuple[str, str]:
     return tag, here
 
 
+def checked_devcontainer(path: str, home: str, env: dict[str, str]) -> DevContainer:
+    """The devcontainer.json at `path` read and checked as the tenant whose HOME is `home`:
+    its text, then its host paths on the real file system (a symlink or '..' out of the home
+    is refused here already); DevContainerError with every problem. The home is read in both
+    spellings, its real path and HOME's (a home reached through a symlink: /home -> /var/home)."""
+    home_folder = HomeFolder(os.path.realpath(home), home)
+    dc = load_devcontainer(path, home=home_folder, env=env)
+    problems = source_problems(mount_sources(dc.workspace_mount, dc.mounts, dc.run_args), home_folder)
+    if problems:
+        raise DevContainerError(problems, dc.config_path)
+    return dc
+
+
 def read_devcontainer(path: str) -> dict:
     if os.geteuid() == 0:
         fail("--devcontainer is read as the tenant who creates the workspace; root cannot", 2)
     home = os.environ.get("HOME") or os.path.expanduser("~")
     try:
-        dc = load_devcontainer(path, home=os.path.realpath(home), env=dict(os.environ))
+        dc = checked_devcontainer(path, home, dict(os.environ))
     except DevContainerError as e:
         fail(str(e), 2)
-    # the host paths on the real file system, as you: a symlink or '..' out of the home is refused here already
-    problems = source_problems(mount_sources(dc.workspace_mount, dc.mounts, dc.run_args), os.path.realpath(home))
-    if problems:
-        fail(str(DevContainerError(problems, dc.config_path)), 2)
     if dc.ignored_keys:
         err.print(f"note: {dc.config_path}: not acted on: {', '.join(dc.ignored_keys)}", markup=False)
     if dc.build is None and not dc.features:

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mtgpu.workspaces.errors import Problem
-from mtgpu.workspaces.mounts import Mount
+from mtgpu.workspaces.mounts import HomeFolder, Mount
 from mtgpu.workspaces.runargs import host_sources
 
 MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
@@ -92,7 +92,8 @@ def resolve_in_home(path: str, home: str) -> HomePath:
     if not path.startswith("/"):
         raise OutsideHome("is not an absolute path")
     home_real = os.path.realpath(home)
-    homes = tuple(dict.fromkeys((home.rstrip("/") or "/", home_real)))
+    spelled = home.spellings if isinstance(home, HomeFolder) else ()  # HOME through a symlink, too
+    homes = tuple(dict.fromkeys((home.rstrip("/") or "/", home_real, *(h.rstrip("/") or "/" for h in spelled))))
     todo = next((rest for h in homes if (rest := _below(path, h)) is not None), None)
     if todo is None:
         raise OutsideHome(f"is outside your home {home}")

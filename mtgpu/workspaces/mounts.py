@@ -64,10 +64,30 @@ def bind_mount_arg(source: str, target: str, read_only: bool = False) -> str:
     return Mount("bind", target, source, read_only).to_mount_arg()
 
 
+class HomeFolder(str):
+    """A tenant's home as the text checks read it: its real path (which it prints as), also
+    written as each of `spellings`. With HOME reached through a symlink (/home -> /var/home),
+    `${localEnv:HOME}` expands to /home/alice while the real path is /var/home/alice: a text
+    check against one spelling alone refused every mount written with the other. What a
+    source really is, is decided by the walk on the file system (homepath.py), which reads
+    the same spellings."""
+
+    spellings: tuple[str, ...]
+
+    def __new__(cls, real: str, *also: str) -> "HomeFolder":
+        self = super().__new__(cls, real)
+        self.spellings = tuple(dict.fromkeys(posixpath.normpath(h) for h in (real, *also)))
+        return self
+
+
 def inside(path: str, folder: str) -> bool:
-    """Whether absolute `path`, with `..` resolved, is `folder` or below it."""
-    p, f = posixpath.normpath(path), posixpath.normpath(folder)
-    return p == f or p.startswith(f.rstrip("/") + "/")
+    """Whether absolute `path`, with `..` resolved, is `folder` or below it (any of a
+    HomeFolder's spellings)."""
+    p = posixpath.normpath(path)
+    for f in folder.spellings if isinstance(folder, HomeFolder) else (posixpath.normpath(folder),):
+        if p == f or p.startswith(f.rstrip("/") + "/"):
+            return True
+    return False
 
 
 def parse_mount(value: object, key: str) -> Mount:

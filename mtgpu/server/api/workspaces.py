@@ -29,6 +29,7 @@ from ...jobfile import JobFileError, parse_job_file
 from ...model.job import Job, JobSpec, JobState, WorkspaceSpec
 from ...state import commands as C
 from ...workspaces.homepath import OutsideHome, checked_mounts
+from ...workspaces.mounts import HomeFolder
 from ...workspaces.runargs import check_run_args
 from .identity import Caller
 from .service import MemberService, ServiceError
@@ -186,6 +187,7 @@ class WorkspaceService:
         for p in d.ports:
             if not 1 <= p <= 65535:
                 raise ServiceError(422, f"refused: {where}: port {p} is not 1-65535", refused=True)
+        home = HomeFolder(os.path.realpath(home), home)  # its real path and the account's, when they differ
         problems = check_run_args(d.run_args, home)
         if problems:
             raise ServiceError(422, f"refused: {where}: " + "; ".join(p.render() for p in problems), refused=True)
