@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ...config import Config
 from ...config.schema import parse_address
+from ...directlink import noise
 from ...directlink.endpoint import Endpoint
 from ...directlink.identity import MEMBER_CREDENTIAL_S, cluster_key, endpoint_id, invite_id, issue, member_key
 from ...directlink.relay import Relay
@@ -111,6 +112,7 @@ class MemberDirectLink:
     def _run(self, ready: threading.Event) -> None:
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        noise.install(loop, logging.WARNING)  # asyncio's reports: one line each, no traceback
         loop.call_soon(ready.set)
         if self.settings.relay_listen:
             loop.create_task(self._serve_relay())
