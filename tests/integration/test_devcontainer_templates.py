@@ -18,7 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mtgpu.workspaces.jsonc import loads_jsonc
+from mtgpu.workspaces.variables import PODMAN_DEFAULT_PATH
 from tests.integration.test_workspaces import image, mtc, mtc_json, running, wnode  # noqa: F401 (fixtures)
+from tests.support.node import wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "devcontainer"
 
@@ -213,3 +216,46 @@ def test_a_registry_feature_is_refused_naming_it_before_any_build(wnode, alice, 
     assert "the Feature ghcr.io/devcontainers/features/node:1 comes from a registry" in r.stderr, r.stderr
     assert 'name it "./node"' in r.stderr, r.stderr
     assert not mtc_json(wnode, alice, "list")
+
+
+# ------------------------------------------------ ${containerEnv:...} in lifecycle commands, Feature order
+
+
+def test_lifecycle_commands_read_the_containers_environment(wnode, alice, image):
+    """The fixture lifecycle-container-env (every hook; string, list and object forms) made into
+    a workspace: its commands ran with ${containerEnv:...} substituted as the reference's
+    `devcontainer run-user-commands` does (the fixture's comment), for this image, which sets no
+    Env: podman's PATH, containerEnv's names, the defaults for the rest. Before, busybox sh was
+    handed the text and made it nothing."""
+    config = loads_jsonc((FIXTURES / "lifecycle-container-env" / ".devcontainer" / "devcontainer.json").read_text())
+    project = _project(alice, "lifeenv", {**config, "image": image})
+    mtc_json(wnode, alice, "create", "--devcontainer", str(project), "--name", "lifeenv")
+    running(wnode, alice, "lifeenv")
+    out = _output_with(wnode, alice, "lifeenv", "cat /tmp/out", "attach=")
+    assert out.split("\n")[:-1] == ["on=over/c1/dflt/d2//", "post=c1", "start=over", f"attach={PODMAN_DEFAULT_PATH}"], out
+    assert mtc(wnode, alice, "rm", "lifeenv").returncode == 0
+
+
+def test_local_features_install_in_the_specifications_order(wnode, alice, image):
+    """The fixture feature-order (installsAfter by path, a dependsOn on a Feature also given, one
+    on a Feature not given, with options of its own) built into the image: each install.sh
+    appended its name and $GREETING to /feature-order, in the order @devcontainers/cli 0.89.0
+    built the same folder in (the fixture's comment). Before, the dependsOn was refused."""
+    project = Path(alice.home) / "order"
+    shutil.copytree(FIXTURES / "feature-order", project)
+    config = project / ".devcontainer" / "devcontainer.json"
+    config.write_text(config.read_text().replace("localhost/base:1", image))
+    _owned(alice, project)
+    r = mtc(wnode, alice, "create", "--devcontainer", str(project), "--name", "order", "--json", timeout_s=300)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    running(wnode, alice, "order")
+    out = _exec(wnode, alice, "order", "cat /feature-order")
+    assert [line.strip() for line in out.splitlines()] == ["delta asked-by-zeta", "gamma", "beta", "zeta", "alpha"], out
+    assert mtc(wnode, alice, "rm", "order").returncode == 0
+
+
+def _output_with(node, user, ws: str, script: str, holding: str) -> str:
+    """The output of `script` in the workspace once it holds `holding` (its lifecycle commands ran)."""
+    return wait_for(f"{holding!r} in the output of {script!r}",
+                    lambda: (r := mtc(node, user, "exec", ws, "--", "sh", "-c", script)).returncode == 0
+                    and holding in r.stdout and r.stdout, timeout_s=60, interval_s=0.3)
