@@ -24,7 +24,9 @@ class ServiceRefused(Exception):
 
 
 async def pipe(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy both ways until both directions ended (or either side failed)."""
+    """Copy both ways until both directions ended (or either side failed). A side that
+    went away (the TCP peer, the session: closed, or its network dropped) ends the other;
+    every failure is retrieved here, none is left for asyncio to report."""
 
     async def up() -> None:  # stream -> TCP
         try:
@@ -35,7 +37,7 @@ async def pipe(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.Str
             if writer.can_write_eof():
                 try:
                     writer.write_eof()
-                except OSError:
+                except (OSError, RuntimeError):
                     pass
 
     async def down() -> None:  # TCP -> stream
@@ -44,16 +46,21 @@ async def pipe(stream: Stream, reader: asyncio.StreamReader, writer: asyncio.Str
                 stream.write(data)
                 await stream.drain()
         finally:
-            stream.end()
+            try:
+                stream.end()
+            except Exception:  # noqa: BLE001 - the session is closed already (QUIC says so its own way)
+                pass
 
     tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
     try:
-        await asyncio.gather(*tasks)
-    except (ConnectionError, OSError, SessionError):
-        pass  # one side went away: the other is ended below
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:
+                log.debug("directlink: a piped stream ended: %s", t.exception() or type(t.exception()).__name__)
     finally:
         for t in tasks:
             t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # retrieved: nothing reported later
         writer.close()
         stream.session.streams.pop(stream.id, None)
 
