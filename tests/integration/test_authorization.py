@@ -53,14 +53,18 @@ LOCAL_RULES = {
     ("POST", "/v1/tenants"): "admin", ("GET", "/v1/tenants"): "admin", ("POST", "/v1/tenants/{name}/remove"): "admin",
     ("POST", "/v1/tenants/{name}/assign"): "admin", ("POST", "/v1/tenants/{name}/share"): "admin",
     ("POST", "/v1/dashboard/link"): "tenant", ("GET", "/v1/usage"): "admin", ("GET", "/v1/usage/mine"): "own",
+    ("POST", "/v1/jobs/{job_id}/attach"): "owner", ("GET", "/v1/gpus/here"): "anyone",
 }
+# what moves the calling process (a peer on this machine's socket) has no network route
+SOCKET_ONLY = {("POST", "/v1/jobs/{job_id}/attach")}
 PUBLIC_RULES = {
     ("GET", "/v1/health"): "public", ("GET", "/v1/info"): "public", ("POST", "/v1/join"): "public",
     ("GET", "/v1/me"): "tenant", ("GET", "/v1/directlink"): "tenant",
     ("GET", "/v1/nodes"): "tenant", ("GET", "/metrics"): "scraper", ("POST", "/v1/dashboard/link"): "tenant",
     ("GET", "/dashboard"): "session", ("GET", "/dashboard/api/me"): "session", ("GET", "/dashboard/api/nodes"): "session",
     ("GET", "/dashboard/api/jobs"): "session", ("GET", "/dashboard/api/workspaces"): "session",
-    **{k: v for k, v in LOCAL_RULES.items() if k[1].startswith(("/v1/jobs", "/v1/workspaces", "/v1/usage/mine"))},
+    **{k: v for k, v in LOCAL_RULES.items()
+       if k[1].startswith(("/v1/jobs", "/v1/workspaces", "/v1/usage/mine")) and k not in SOCKET_ONLY},
 }
 CLUSTER_RULES = {
     ("POST", "/cluster/v1/report"): "cluster", ("POST", "/cluster/v1/role"): "cluster",
