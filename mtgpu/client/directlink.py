@@ -272,7 +272,7 @@ class Tunnel:
             loop.call_soon_threadsafe(loop.stop)  # _run then shuts everything down
         except RuntimeError:
             pass  # already closed
-        thread.join(self.CLOSE_S)
+        thread.join(2 * self.CLOSE_S)  # its waits are bounded (CLOSE_S in all); this is slack for a busy machine
 
 
 def parse_invitation(text: str) -> dict | None:

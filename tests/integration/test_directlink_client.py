@@ -5,6 +5,8 @@
   cleanly, also while a forwarded connection is open and the member does not answer at
   all (stopped): the tunnel cuts its connections and gives up on the endpoint within a
   bound, and nothing of asyncio's (a traceback, "Task was destroyed") reaches stderr.
+  In a process that lives on (the terminal app opens a tunnel per refresh), `close()`
+  returns with the tunnel ended: its thread gone, its forwarded connection closed.
 - The path an API command says it uses is the one in use: on loopback the direct path
   comes up, and the command says "p2p", as `servers --live` does (it said "relayed"
   always, taken before the direct path had a moment to come up).
@@ -18,11 +20,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from mtgpu.client.directlink import Tunnel
 from tests.support.laptop import remotegpu
 from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
@@ -122,4 +126,41 @@ def test_an_api_command_says_the_path_in_use_p2p_when_the_direct_path_is_up(tmp_
             [view] = json.loads(r.stdout)
             assert view["path"] in ("p2p", "relayed"), view
         finally:
+            stop_node_and_remove_tenants(node, [name], UID_RANGE)
+
+
+def test_a_tunnel_closed_while_the_member_does_not_answer_has_ended_when_close_returns(tmp_path):
+    name = f"dt{os.getpid() % 10000}"
+    home = tmp_path / "laptop"
+    relay_at = f"127.0.0.1:{free_port()}"
+    with running_node([], name="node-dt", CLUSTER_MODE="cluster", CLUSTER_ID="lab-dl-close",
+                      SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(UID_RANGE),
+                      DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
+        stopped, conn, tunnel = False, None, None
+        try:
+            joined_behind_directlink(node, name, home)
+            entry = json.loads((home / "servers.json").read_text())[0]
+            tunnel = Tunnel(entry["directlink"], Path(entry["key"]), entry["node"])
+            host, port = tunnel.start()
+            conn = socket.create_connection((host, port), timeout=20)
+            conn.sendall(b"GET /v1/info HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert conn.recv(12).startswith(b"HTTP/1.1 200"), "the forward answers before the member is stopped"
+            os.kill(node.proc.pid, signal.SIGSTOP)  # the member (and the relay it serves) answers nothing now
+            stopped = True
+            tunnel.close()
+            alive = [t.name for t in threading.enumerate() if t.name == "remotegpu-tunnel"]
+            assert not alive, "close() returned with the tunnel's thread still running"
+            conn.settimeout(20)
+            try:
+                while conn.recv(65536):  # the rest of the answer, then the end
+                    pass
+            except ConnectionResetError:
+                pass  # cut: as good as closed
+        finally:
+            if tunnel is not None:
+                tunnel.close()
+            if conn is not None:
+                conn.close()
+            if stopped:
+                os.kill(node.proc.pid, signal.SIGCONT)
             stop_node_and_remove_tenants(node, [name], UID_RANGE)
