@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import ContentSwitcher, Footer, Input, Static
 
-from ..cli.workspace_wait import WorkspaceEnded, not_up_message, view, wait_until_up
+from ..cli.workspace_wait import WorkspaceEnded, WorkspaceNotUp, not_up_message, view, wait_until_up
 from . import vscode
 from .commands import COMMANDS, Command, CommandError, devcontainer_command, parse_command, workspace_body
 from .rows import ClusterSnapshot, Row, filter_rows, job_rows, server_rows, sort_rows, workspace_rows
@@ -290,8 +290,8 @@ class RemoteGpuApp(App):
         self._from_thread(self.say, f"workspace {name} is {ws['state']} on {cluster}: waiting until it runs{warning}")
         try:
             ws = wait_until_up(c, ws, sleep=self._sleep)
-        except WorkspaceEnded as e:
-            message = not_up_message(c, e)
+        except (WorkspaceEnded, WorkspaceNotUp) as e:
+            message = not_up_message(c, e) if isinstance(e, WorkspaceEnded) else str(e)
             self._from_thread(self.push_screen, NoticeScreen(message))
             return message.splitlines()[0]
         w = ws["workspace"]
