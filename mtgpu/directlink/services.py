@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 
-from .session import Session, SessionError, Stream
+from .session import Session, Stream
 
 log = logging.getLogger(__name__)
 SERVICES = ("ssh", "api")
