@@ -172,8 +172,12 @@ def join(
     if json_out:
         print_json(r)
     else:
-        out.print(f"joined {r['cluster_id']} as {r['name']} (uid {r['uid']}); ssh with: ssh -i {key} {r['name']}@HOST -p SSH_PORT",
-                  markup=False)
+        if info is None and r.get("ssh_listen"):  # the node's own sshd, as it told us at join
+            host, port = _ssh_host_port(r["ssh_listen"], server)
+            how = f"ssh -i {key} {r['name']}@{host} -p {port}"
+        else:  # through DirectLink (or an older node that does not say): the client finds the way
+            how = f"remotegpu-cli ssh {r['node']}"
+        out.print(f"joined {r['cluster_id']} as {r['name']} (uid {r['uid']}); ssh with: {how}", markup=False)
 
 
 @app.command()
@@ -323,7 +327,11 @@ def workspaces(server: Optional[str] = typer.Option(None, "--server", help=SERVE
 def ssh_target(entry: dict, address: str | None) -> tuple[str, int]:
     """(host, port) of the tenant sshd of the member at this API address (None: the joined server)."""
     address = address or entry["server"]
-    listen = request(lambda: RemoteClient(address), lambda c: c.info())["ssh_listen"]
+    return _ssh_host_port(request(lambda: RemoteClient(address), lambda c: c.info())["ssh_listen"], address)
+
+
+def _ssh_host_port(listen: str, address: str) -> tuple[str, int]:
+    """(host, port) of a node's SSH_LISTEN; a wildcard host is the host its API was reached at."""
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")
     if host in ("0.0.0.0", "::", ""):

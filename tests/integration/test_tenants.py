@@ -127,6 +127,9 @@ def test_reused_or_guessed_codes_and_unsigned_or_wrongly_signed_requests_are_ref
     code = invite(node, name)
     first = remotegpu(tmp_path / "one", "join", code, "--server", f"127.0.0.1:{node.port}")
     assert first.returncode == 0, first.stderr
+    # The ssh line names the node's real sshd (what the node said at join), never placeholders.
+    key = tmp_path / "one" / "id_ed25519"
+    assert f"ssh with: ssh -i {key} {name}@127.0.0.1 -p {node.ssh_port}" in first.stdout, first.stdout
     again = remotegpu(tmp_path / "two", "join", code, "--server", f"127.0.0.1:{node.port}")
     assert again.returncode != 0 and "used already" in again.stderr
     guess = remotegpu(tmp_path / "three", "join", "x" * 24, "--server", f"127.0.0.1:{node.port}")

@@ -146,7 +146,7 @@ class TenantService:
             raise ServiceError(403, f"join refused: {r['error']}", refused=True)
         self.service.wake()  # the agents create the account
         return {"name": r["name"], "uid": r["uid"], "gid": r["gid"], "clusters": r["clusters"],
-                "cluster_id": self.cluster_id, "node": self.config.NODE_NAME}
+                "cluster_id": self.cluster_id, "node": self.config.NODE_NAME, "ssh_listen": self.config.SSH_LISTEN}
 
     # ------------------------------------------------------------ DirectLink
     def directlink(self, caller: Caller, ident: str) -> dict:
