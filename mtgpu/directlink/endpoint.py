@@ -116,6 +116,7 @@ class Endpoint:
         """Go on with another relay connection (the old one dropped): sessions are kept;
         the public UDP address is asked again (a new relay, or a new network)."""
         old, self.relay = self.relay, relay
+        relay.claim([cid for s in self.sessions() for cid in s.cids])  # the relay may hold our old connection too
         self._pump.cancel()
         self._pump = asyncio.ensure_future(self._receive(relay))
         if old is not relay:
@@ -135,7 +136,7 @@ class Endpoint:
             log.warning("directlink: the relay %s closed the connection; %d session(s) on the direct path go on, "
                         "new sessions wait until it is back (connecting again)", where, direct)
             for attempt in range(1 << 30):
-                await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)])
+                await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)] if attempt else 0)
                 if self._closing:
                     return
                 try:
@@ -289,7 +290,7 @@ class Endpoint:
         while True:
             await asyncio.sleep(TICK_S)
             now = time.monotonic()
-            moved = False
+            moved = suspect = False
             for s in self.sessions():
                 st = getattr(s, "direct", None)
                 if st is None:
@@ -304,6 +305,7 @@ class Endpoint:
                         s.conn.send_ping(int(now * 1000) & 0xFFFFFFFF)
                         s.flush()
                         self.udp.sendto(D.PROBE + st.peer_token, st.addr)
+                        suspect = True
                     elif now - getattr(st, "probed", 0.0) >= PATH_KEEPALIVE_S:
                         st.probed = now
                         self.udp.sendto(D.PROBE + st.peer_token, st.addr)
@@ -313,8 +315,19 @@ class Endpoint:
                         st.punching is None or st.punching.done()):
                     st.retry_at = now + D.RETRY_EVERY_S
                     self._punch(s)
+            if suspect and self._reconnect is not None and not getattr(self, "_checking", False):
+                asyncio.ensure_future(self._check_relay())  # this side may have moved: is the relay still there?
             if moved:
                 asyncio.ensure_future(self._moved())
+
+    async def _check_relay(self) -> None:
+        self._checking = True
+        try:
+            if not await self.relay.check():
+                log.info("directlink: the relay %s stopped answering (this endpoint moved?)", self.relay.where)
+                await self._moved()
+        finally:
+            self._checking = False
 
     async def _moved(self) -> None:
         """A path went down, or the relay changed: ask the public address again, and

@@ -10,6 +10,7 @@ MAX_FRAME = 256 * 1024
 CHALLENGE, HELLO, WELCOME, REFUSED = 0x01, 0x02, 0x03, 0x04
 SEND, RECV, UNREACHABLE = 0x10, 0x11, 0x12
 PING, PONG = 0x20, 0x21
+CLAIM = 0x30  # an endpoint's QUIC connection ids (each: 1-byte length, id): frames naming one come to this connection
 REFLECT_ASK, REFLECT_ANSWER = b"MTRL?", b"MTRL!"  # UDP, on the relay's port: "what address do you see?"
 REFLECT_ASK_SIZE = 96  # an ask is padded to at least its answer's size: no amplification
 

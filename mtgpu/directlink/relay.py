@@ -129,7 +129,8 @@ class Relay:
         while len(group) > CONNECTIONS_PER_ID:  # a restarted endpoint's dead connections go first
             group.pop(0).writer.close()
         observed = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
-        writer.write(F.pack(F.WELCOME, json.dumps({"id": cred.id, "observed": observed}).encode()))
+        welcome = {"id": cred.id, "observed": observed, "claims": True}  # CLAIM understood
+        writer.write(F.pack(F.WELCOME, json.dumps(welcome).encode()))
         log.info("relay: admitted %s %s of %s (%s) from %s", cred.role, cred.name, cred.cluster, cred.id[:12], observed)
         return me
 
@@ -153,6 +154,15 @@ class Relay:
                 await dst.queue.put(F.pack(F.RECV, src + payload[32:]))
                 self.forwarded_frames += 1
                 self.forwarded_bytes += len(payload) - 32
+            elif kind == F.CLAIM:  # an endpoint that connected again names its sessions' ids
+                group = self._endpoints.get((cluster, src), [])
+                at = 0
+                while at < len(payload) and len(me.cids) < CIDS_PER_CONNECTION * 2:
+                    cid = bytes(payload[at + 1:at + 1 + payload[at]])
+                    at += 1 + payload[at]
+                    for other in group:
+                        other.cids.pop(cid, None)
+                    me.cids[cid] = None
             elif kind == F.PING:
                 if not me.queue.full():
                     me.queue.put_nowait(F.pack(F.PONG, payload[:64]))

@@ -26,6 +26,7 @@ class RelayConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, welcome: dict) -> None:
         self.reader, self.writer = reader, writer
         self.observed: str = welcome.get("observed", "")
+        self.claims = welcome.get("claims") is True  # the relay understands CLAIM frames
         self.incoming: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(4096)
         self.unreachable: asyncio.Queue[str] = asyncio.Queue(64)
         self.closed = asyncio.Event()
@@ -75,6 +76,30 @@ class RelayConnection:
                 self.writer.close()
                 return
             self.send_frame(F.PING, b"")
+
+    def claim(self, cids) -> None:
+        """Frames for these QUIC connection ids come here (an endpoint that connected again)."""
+        if self.claims:
+            body = b"".join(bytes([len(c)]) + c for c in cids if 0 < len(c) < 21)
+            if body:
+                self.send_frame(F.CLAIM, body)
+
+    async def check(self, within_s: float = 1.5) -> bool:
+        """A ping now: False (and the connection closed) when nothing comes back within
+        `within_s` (the network under it changed)."""
+        if self.closed.is_set():
+            return False
+        asked = time.monotonic()
+        self.send_frame(F.PING, b"")
+        while time.monotonic() - asked < within_s:
+            await asyncio.sleep(0.05)
+            if self._heard > asked:
+                return True
+            if self.closed.is_set():
+                return False
+        self.closed.set()
+        self.writer.close()
+        return False
 
     async def _read(self) -> None:
         try:

@@ -122,6 +122,7 @@ class Session:
         self.path = "relay"  # or "direct": which path carries the datagrams now (set by the endpoint)
         self.original_dcid = b""  # the responder's: the destination id the dialer's first packet had
         self.on_cid: Callable[["Session", bytes, bool], None] | None = None  # (cid, issued): the endpoint routes by it
+        self.cids: set[bytes] = {conn.host_cid}  # this side's connection ids (what the peer's packets name)
 
     # ------------------------------------------------------------ set-up
     @classmethod
@@ -186,8 +187,10 @@ class Session:
                 self._dialer_handshake()
             elif isinstance(e, ev.StreamDataReceived):
                 self._stream_data(e)
-            elif isinstance(e, (ev.ConnectionIdIssued, ev.ConnectionIdRetired)) and self.on_cid is not None:
-                self.on_cid(self, e.connection_id, isinstance(e, ev.ConnectionIdIssued))
+            elif isinstance(e, (ev.ConnectionIdIssued, ev.ConnectionIdRetired)):
+                (self.cids.add if isinstance(e, ev.ConnectionIdIssued) else self.cids.discard)(e.connection_id)
+                if self.on_cid is not None:
+                    self.on_cid(self, e.connection_id, isinstance(e, ev.ConnectionIdIssued))
             elif isinstance(e, ev.ConnectionTerminated):
                 self._closed(e.reason_phrase or f"closed (error {e.error_code})")
 

@@ -55,6 +55,14 @@ class Site:
     api_port: int
     ssh_port: int
     host: str = f"gpu-a.{CLUSTER}"
+    relay: list | None = None  # [the relay's Proc, its argv]: stop_relay() / start_relay()
+
+    def stop_relay(self) -> None:
+        """The relay process killed (SIGKILL): its connections end without a goodbye."""
+        self.relay[0].stop()
+
+    def start_relay(self) -> None:
+        self.relay[0] = Proc(self.relay[1])
 
     def ssh(self, side: str, *args: str) -> list[str]:
         """An ssh command line through the written block (ProxyCommand remotegpu-cli proxy)."""
@@ -72,8 +80,9 @@ def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int], **sett
     cluster_pub = endpoint_id(cluster_key(secret.read_text().strip(), CLUSTER))
     home = tmp / "laptop"
     relay_at = f"{lab.relay_ip}:{PORT}"
-    relay = Proc(lab.prefix("relay") + [sys.executable, "-m", "mtgpu.cli.relay", "--listen", relay_at,
-                                        "--cluster", f"{CLUSTER}={cluster_pub}"])
+    relay_argv = lab.prefix("relay") + [sys.executable, "-m", "mtgpu.cli.relay", "--listen", relay_at,
+                                        "--cluster", f"{CLUSTER}={cluster_pub}"]
+    relay = [Proc(relay_argv), relay_argv]
     try:
         api_port, ssh_port = free_port(), free_port()
         with running_node([], name="gpu-a", start=False, parent_dir="/var/lib", CLUSTER_MODE="cluster",
@@ -89,7 +98,7 @@ def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int], **sett
                 # The laptop joins where the node is reachable (site A) ...
                 r = remotegpu(lab, "a", home, "join", code, "--server", f"{lab.host_ip['a']}:{api_port}", "--json")
                 assert r.returncode == 0, r.stderr + node.server_log()
-                site = Site(lab, node, secret, name, home, home / "ssh_config", api_port, ssh_port)
+                site = Site(lab, node, secret, name, home, home / "ssh_config", api_port, ssh_port, relay=relay)
 
                 def written():
                     r = remotegpu(lab, "a", home, "ssh-config", "--file", str(site.ssh_config), "--json")
@@ -104,4 +113,4 @@ def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int], **sett
                 problems = stop_node_and_remove_tenants(node, [name], uid_range)
                 assert not problems, problems
     finally:
-        relay.stop()
+        relay[0].stop()

@@ -86,6 +86,22 @@ class NatLab:
             self._exec(f"r{side}", "iptables", "-w", "5", "-I", "FORWARD", "-p", "udp", "-s",
                        self.router_ip[other], "-j", "DROP")
 
+    def move_host(self, side: str) -> str:
+        """Host `side` changes its address (a laptop from Wi-Fi to a cable): a new one in
+        the same network, the old one removed, so its connections from the old address
+        lose their way (their replies go to an address nobody has) and what it sends from
+        now on leaves from the new one, through a new NAT mapping. Returns the new address."""
+        old = self.host_ip[side]
+        last = int(old.rsplit(".", 1)[1])
+        new = f"{old.rsplit('.', 1)[0]}.{last + 1 if last < 250 else 2}"
+        net = 202 if side == "a" else 203
+        self._exec(side, "sysctl", "-q", "-w", "net.ipv4.conf.eth0.promote_secondaries=1")
+        self._ip(side, "addr", "add", f"{new}/24", "dev", "eth0")
+        self._ip(side, "addr", "del", f"{old}/24", "dev", "eth0")
+        self._ip(side, "route", "replace", "default", "via", f"10.{net}.{self.k}.1", "src", new)
+        self.host_ip[side] = new
+        return new
+
     def __exit__(self, *exc) -> None:
         self.close()
 
