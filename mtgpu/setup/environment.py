@@ -98,6 +98,49 @@ def package_version(source: Path | None = None) -> str:
         return "unknown"
 
 
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+def base_interpreter(system: Path = SYSTEM_PYTHON, which: Callable[[str], str | None] = shutil.which) -> Path:
+    """The interpreter to make the environment with: the system's (as scripts/install.sh does),
+    not the first python3 on root's PATH (pyenv's or conda's live under /root, which tenants
+    cannot enter); that one only where the system has none."""
+    if os.access(system, os.X_OK):
+        return system
+    found = which("python3")
+    return Path(found) if found else system
+
+
+def tenant_blocker(path: Path) -> tuple[Path, str] | None:
+    """Where an unprivileged user (a tenant: not root, not in root's group) is stopped on the
+    way to running `path`: (the folder or file, why), None when nothing stops it. Symbolic
+    links are followed, each folder on the way needs search (o+x), the file o+rx."""
+    seen: set[Path] = set()
+    todo = [Path(os.path.abspath(path))]
+    while todo:
+        target = todo.pop()
+        for parent in reversed(target.parents):
+            if parent in seen:
+                continue
+            seen.add(parent)
+            try:
+                mode = parent.stat().st_mode
+            except OSError:
+                continue  # not made yet (the environment's own folders): made world-searchable
+            if not mode & 0o001:
+                return parent, f"mode {mode & 0o7777:04o}: others may not enter it"
+        if target.is_symlink():
+            todo.append(Path(os.path.abspath(target.parent / os.readlink(target))))
+            continue
+        try:
+            mode = target.stat().st_mode
+        except OSError:
+            return None
+        if mode & 0o005 != 0o005:
+            return target, f"mode {mode & 0o7777:04o}: others may not read and run it"
+    return None
+
+
 _PROBE = ("import importlib.metadata as m, json; d = m.distribution('mtgpu'); "
           "print(json.dumps({'version': d.version, "
           "'scripts': sorted(e.name for e in d.entry_points if e.group == 'console_scripts')}))")
@@ -132,11 +175,13 @@ class Environment:
     """The environment step: `venv` holds this mtgpu version, or is made (or upgraded)
     with pip from `source`."""
 
-    def __init__(self, venv: Path, version: str, source: Path | None, run: Runner = subprocess.run) -> None:
+    def __init__(self, venv: Path, version: str, source: Path | None, run: Runner = subprocess.run,
+                 python: Path | None = None) -> None:
         self.venv = venv
         self.version = version
         self.source = source
         self.run = run
+        self.python = python or base_interpreter()  # what makes the environment when there is none
 
     def info(self) -> VenvInfo | None:
         return probe_venv(self.venv, self.run)
@@ -153,17 +198,36 @@ class Environment:
         return Check(True, f"mtgpu {info.version}")
 
     def preflight(self) -> None:
-        """Refuse before any change when the environment would need pip and nothing can be installed."""
+        """Refuse before any change when the environment would need pip and nothing can be installed,
+        or when tenants could not run its interpreter (every command of theirs would fail with
+        'bad interpreter: Permission denied')."""
         if not self.check().done and self.source is None:
             raise SetupRefused(f"the environment {self.venv} does not hold mtgpu {self.version}, and there is no "
                                "source folder to install it from: pass --source DIR (a checkout of mtgpu, with its "
                                "pyproject.toml), or --venv PATH of an environment that has it")
+        python = self.venv / "bin" / "python"
+        made = python.exists() or python.is_symlink()
+        checks = [(python, f"remove {self.venv} and run again so it is made with {SYSTEM_PYTHON}, or give --venv "
+                           "PATH of an environment tenants can run")] if made else [
+            (self.python, f"install the distribution's python3 and python3-venv, so that {SYSTEM_PYTHON} makes the "
+                          "environment (as scripts/install.sh does)"),
+            (python, "give --venv PATH in a folder tenants can enter")]
+        for interpreter, fix in checks:
+            blocked = tenant_blocker(interpreter)
+            if blocked is None:
+                continue
+            where, why = blocked
+            real = os.path.realpath(interpreter)
+            shown = f"{interpreter}" + (f" (that is {real})" if real != str(interpreter) else "")
+            bits = "o+x" if where.is_dir() else "o+rx"
+            raise SetupRefused(f"tenants could not run the environment's interpreter {shown}: {where} stops them "
+                               f"({why}), so every tenant command would fail with 'bad interpreter: Permission "
+                               f"denied'; {fix}, or let others through with `chmod {bits} {where}`")
 
     def apply(self) -> str:
         made = False
         if not (self.venv / "bin" / "python").exists():
-            python3 = shutil.which("python3") or "/usr/bin/python3"
-            self._run([python3, "-m", "venv", str(self.venv)])
+            self._run([str(self.python), "-m", "venv", str(self.venv)])
             made = True
         self._run([str(self.venv / "bin" / "python"), "-m", "pip", "install", "-q", str(self.source)])
         # tenants run the CLIs (mt-job, mt-container) from here

@@ -309,6 +309,24 @@ def test_a_joiner_without_the_secret_is_refused_with_the_fix_and_nothing_is_writ
         assert r.returncode == 2 and "holds 9 characters" in r.stderr
 
 
+def test_an_environment_tenants_cannot_run_is_refused_naming_the_folder_and_nothing_is_written():
+    with machine() as m:
+        home = m.root.parent / f"{m.root.name}.roothome"  # like /root: 0700, where pyenv puts its pythons
+        home.mkdir(mode=0o700)
+        try:
+            venv = home / "venv"
+            subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+            args = m.install_args()
+            args[args.index("--venv") + 1] = str(venv)
+            r = setup_cli(*args)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"interpreter {venv}/bin/python" in r.stderr and f"{home} stops them (mode 0700" in r.stderr
+        assert "bad interpreter: Permission denied" in r.stderr and f"chmod o+x {home}" in r.stderr
+        assert list(m.root.iterdir()) == [], "a refused install must change nothing"
+
+
 def test_an_invalid_existing_config_is_refused_naming_the_key_and_kept():
     with machine() as m:
         m.config.parent.mkdir(parents=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from mtgpu.config import load_config
 from mtgpu.setup.configfile import (DEFAULT_SIMULATED_GPUS, parse_set, plan_config, render_config, settings_from_flags,
                                     validated)
-from mtgpu.setup.environment import missing_packages, package_list
+from mtgpu.setup.environment import Environment, base_interpreter, missing_packages, package_list
 from mtgpu.setup.install import flags_from
 from mtgpu.setup.layout import Layout
 from mtgpu.setup.node import role_of
@@ -308,6 +309,61 @@ def test_missing_packages_are_the_ones_dpkg_does_not_show_installed():
 def test_a_malformed_package_line_is_named():
     with pytest.raises(ValueError, match="ROLE PACKAGE WHY"):
         package_list(("node",), text="nodes podman\n")
+
+
+# ---------------------------------------------------------------- the environment's interpreter
+
+
+@pytest.fixture()
+def open_folder():
+    """A folder others may enter (pytest's tmp_path lies under a 0700 one), removed after."""
+    d = Path(tempfile.mkdtemp(prefix="mtgpu-interp-", dir="/var/tmp"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def fake_python(at: Path) -> Path:
+    at.parent.mkdir(parents=True, exist_ok=True)
+    at.write_text("#!/bin/sh\nexit 0\n")
+    at.chmod(0o755)
+    return at
+
+
+def test_the_environment_is_made_with_the_system_python3_not_the_first_on_roots_path(open_folder):
+    pyenv = fake_python(open_folder / "root/.pyenv/shims/python3")
+    system = fake_python(open_folder / "usr/bin/python3")
+    assert base_interpreter(system, which=lambda name: str(pyenv)) == system
+    assert base_interpreter(open_folder / "none/python3", which=lambda name: str(pyenv)) == pyenv
+    calls = []
+    run = lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")  # noqa: E731
+    Environment(open_folder / "venv", "1.0", REPO, run, python=system).apply()
+    assert calls[0] == [str(system), "-m", "venv", str(open_folder / "venv")]
+
+
+def test_an_interpreter_tenants_cannot_reach_is_refused_naming_it_the_folder_and_the_fix(open_folder):
+    home = open_folder / "root"
+    pyenv = fake_python(home / ".pyenv/versions/3.12.1/bin/python3")
+    home.chmod(0o700)  # root's home, as pyenv leaves it
+    env = Environment(open_folder / "opt/venv", "1.0", REPO, python=pyenv)
+    with pytest.raises(SetupRefused) as e:
+        env.preflight()
+    text = str(e.value)
+    assert f"interpreter {pyenv}: {home} stops them (mode 0700" in text
+    assert "bad interpreter: Permission denied" in text and "/usr/bin/python3" in text
+    assert f"chmod o+x {home}" in text
+    home.chmod(0o755)
+    env.preflight()  # reachable now: nothing to say
+    # An existing environment whose interpreter is a link into such a folder is refused the same way.
+    venv = open_folder / "opt/venv2"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").symlink_to(pyenv)
+    pyenv.chmod(0o750)
+    with pytest.raises(SetupRefused, match=rf"{venv}/bin/python \(that is {pyenv}\): {pyenv} stops them \(mode 0750"
+                       rf".*remove {venv} and run again.*chmod o\+rx {pyenv}"):
+        Environment(venv, "1.0", REPO, run=lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "")).preflight()
 
 
 # ---------------------------------------------------------------- the config from flags
