@@ -101,7 +101,10 @@ def _stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None
             data = os.read(fd, 65536)
         except OSError:
             data = b""
-        loop.call_soon_threadsafe(queue.put_nowait, data)
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, data)
+        except RuntimeError:  # the pipe ended and its loop is closed: nothing left to give it to
+            return
         if not data:
             return
 
