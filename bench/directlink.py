@@ -15,6 +15,11 @@ comes back (like a keystroke's echo), --rounds times after a warm-up; the median
 p90, through DirectLink from behind NAT B (plain `ssh` with the ProxyCommand block) and
 plain `ssh` to the same sshd from inside site A, where it is reachable. Needs root
 (network namespaces, a tenant account).
+
+A working day (issue 26, `--only-day` runs it alone): 10 ssh sessions and an scp at once
+from one laptop beside an open terminal (aggregate throughput; none ends another), the
+relay killed under a direct session (it lives), the laptop's address changed (the
+longest a line took to echo: the stall, target under 2 s).
 """
 
 from __future__ import annotations
@@ -107,6 +112,87 @@ def ssh_round_trips(rounds: int, tmp: Path, relayed: bool) -> dict:
     return out
 
 
+def working_day(tmp: Path, mb: int) -> dict:
+    """Issue 26: one laptop behind NAT B, one member behind NAT A. An open `ssh -T cat`
+    terminal, then 10 ssh sessions each reading MB/4 megabytes and an scp of MB megabytes
+    up, all at once (aggregate throughput; the terminal still echoes: none ended another);
+    the relay killed under the terminal's direct path (it still echoes; the seconds until
+    a new ssh works once the relay is back); the laptop's address changed (lines every
+    50 ms; the longest a line took to come back is the stall)."""
+    import threading
+
+    from tests.support.dlmember import Terminal, client_env, member_behind_nat
+
+    out: dict = {}
+    with NatLab() as lab, member_behind_nat(lab, tmp / "day", (530000, 539999)) as site:
+        env = client_env(site.home)
+        term = Terminal(site)
+        try:
+            term.echo("first")
+            each = mb * 1_000_000 // 4
+            blob = site.home / "blob"
+            blob.write_bytes(os.urandom(mb * 1_000_000))
+            cfg = ["-F", str(site.ssh_config), "-o", "BatchMode=yes"]
+            readers = [subprocess.Popen(site.ssh("b", f"head -c {each} /dev/zero"), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, env=env) for _ in range(10)]
+            t0 = time.monotonic()
+            scp = subprocess.Popen(lab.prefix("b") + ["scp", "-q", *cfg, str(blob), f"{site.host}:blob"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            got = [0] * 10
+
+            def drain(i: int, p: subprocess.Popen) -> None:
+                while data := p.stdout.read(1 << 16):
+                    got[i] += len(data)
+            threads = [threading.Thread(target=drain, args=(i, p)) for i, p in enumerate(readers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=600)
+            codes = [p.wait(timeout=60) for p in readers] + [scp.wait(timeout=600)]
+            wall = time.monotonic() - t0
+            out["ten_ssh_and_scp_ok"] = codes == [0] * 11 and got == [each] * 10
+            if not out["ten_ssh_and_scp_ok"]:
+                out["ten_ssh_and_scp_errors"] = [p.stderr.read().decode()[-300:] for p in readers + [scp]
+                                                 if p.returncode != 0][:3]
+            out["ten_ssh_and_scp_mbit_s"] = round((sum(got) + mb * 1_000_000) * 8 / wall / 1e6, 1)
+            term.echo("after-eleven")
+            out["terminal_lived_beside_them"] = True
+
+            end = time.monotonic() + 30
+            while "remotegpu: path direct\n" not in term.err and time.monotonic() < end:
+                time.sleep(0.2)
+            out["terminal_path_before_relay_kill"] = "direct" if "remotegpu: path direct\n" in term.err else "relay"
+            site.stop_relay()
+            for i in range(5):
+                term.echo(f"relay-gone-{i}")
+                time.sleep(1)
+            out["relay_kill_survived"] = term.p.poll() is None
+            site.start_relay()
+            t0 = time.monotonic()
+            while subprocess.run(site.ssh("b", "true"), capture_output=True, env=env, timeout=120).returncode != 0:
+                time.sleep(0.5)
+            out["new_ssh_after_relay_back_s"] = round(time.monotonic() - t0, 2)
+
+            end = time.monotonic() + 30  # the new relay connection: the path direct again
+            while time.monotonic() < end and not term.err[-1].startswith("remotegpu: path direct"):
+                time.sleep(0.2)
+            times = []
+            moved_at = time.monotonic() + 1.0
+            moved = False
+            while time.monotonic() < moved_at + 10:
+                if not moved and time.monotonic() >= moved_at:
+                    lab.move_host("b")
+                    moved = True
+                times.append(term.echo(f"line-{len(times)}", timeout_s=90))
+                time.sleep(0.05)
+            out["address_change_survived"] = term.p.poll() is None
+            out["address_change_stall_s"] = round(max(times), 2)
+            out["address_change_path_after"] = term.err[-1].strip().rsplit(" ", 1)[-1] if term.err else "?"
+        finally:
+            term.close()
+    return out
+
+
 def one_way_mbit(dialer, size: int) -> tuple[float, str]:
     dialer.tell(f"sink {size}")
     e = dialer.event("sunk", timeout_s=180)
@@ -116,6 +202,10 @@ def one_way_mbit(dialer, size: int) -> tuple[float, str]:
 def run(args) -> dict:
     size = args.mb * 1_000_000
     out: dict = {}
+    if args.only_day:
+        with tempfile.TemporaryDirectory(prefix="mtgpu-dlbench-") as tmp:
+            (Path(tmp) / "day").mkdir()
+            return working_day(Path(tmp), args.mb)
     with tempfile.TemporaryDirectory(prefix="mtgpu-dlbench-") as tmp:
         keys = make_keys(Path(tmp))
         with NatLab() as lab:
@@ -154,6 +244,8 @@ def run(args) -> dict:
         (Path(tmp) / "ssh_relayed_rtt_ms").mkdir()
         out.update(ssh_round_trips(args.rounds, Path(tmp), relayed=False))
         out.update(ssh_round_trips(args.rounds, Path(tmp), relayed=True))
+        (Path(tmp) / "day").mkdir()
+        out.update(working_day(Path(tmp), args.mb))
     out["direct_to_tcp"] = round(out["direct_mbit_s"] / out["tcp_mbit_s"], 3) if out.get("tcp_mbit_s") else None
     out["relay_to_tcp"] = round(out["relay_mbit_s"] / out["tcp_mbit_s"], 3) if out.get("tcp_mbit_s") else None
     return out
@@ -164,6 +256,7 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=20, help="megabytes per throughput run (default 20)")
     ap.add_argument("--rounds", type=int, default=300, help="SSH echo round trips measured each way (default 300)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only-day", action="store_true", help="only the working day (issue 26): sessions, relay kill, move")
     args = ap.parse_args()
     os.chdir(ROOT)
     result = run_as_root("directlink", "the DirectLink NAT lab", run, args, why_not=netlab_missing)

@@ -7,15 +7,13 @@ new session works once the relay is back), and while the laptop changes its addr
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import subprocess
-import threading
 import time
 
 import pytest
 
-from tests.support.dlmember import client_env, member_behind_nat
+from tests.support.dlmember import Terminal, client_env, member_behind_nat
 from tests.support.natlab import NatLab, netlab_missing
 from tests.support.node import wait_for
 from tests.support.users import can_create_users
@@ -28,46 +26,6 @@ if not (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")) or not shutil.
     pytest.skip("needs OpenSSH's sshd and ssh", allow_module_level=True)
 
 UID_RANGE = (520000, 529999)  # its own range: the accounts this node makes never meet another test's
-
-
-class Terminal:
-    """`ssh -T HOST cat` from site B: lines written come back, stderr is kept."""
-
-    def __init__(self, site) -> None:
-        self.site = site
-        argv = site.lab.prefix("b") + ["ssh", "-F", str(site.ssh_config), "-o", "BatchMode=yes",
-                                       "-o", "ConnectTimeout=30", "-T", site.host, "cat"]
-        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  env=client_env(site.home), start_new_session=True)
-        self.lines: queue.Queue[bytes] = queue.Queue()
-        self.err: list[str] = []
-        threading.Thread(target=self._pump, args=(self.p.stdout, self.lines.put), daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.p.stderr, lambda b: self.err.append(b.decode(errors="replace"))),
-                         daemon=True).start()
-
-    @staticmethod
-    def _pump(f, put) -> None:
-        for line in iter(f.readline, b""):
-            put(line)
-
-    def echo(self, text: str, timeout_s: float = 60) -> float:
-        """Write a line; the seconds until it came back (AssertionError when it did not)."""
-        t0 = time.monotonic()
-        self.p.stdin.write(text.encode() + b"\n")
-        self.p.stdin.flush()
-        try:
-            got = self.lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise AssertionError(f"{text!r} did not come back in {timeout_s:g}s; ssh exit {self.p.poll()}; "
-                                 f"its stderr: {''.join(self.err)[-2000:]}; the member's log: "
-                                 f"{self.site.node.server_log()[-3000:]}") from None
-        assert got == text.encode() + b"\n", (got, text)
-        return time.monotonic() - t0
-
-    def close(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()  # the ssh process group only: it is this test's
-        self.p.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

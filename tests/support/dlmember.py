@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,3 +116,43 @@ def member_behind_nat(lab: NatLab, tmp: Path, uid_range: tuple[int, int], **sett
                 assert not problems, problems
     finally:
         relay[0].stop()
+
+
+class Terminal:
+    """`ssh -T HOST cat` from site B: lines written come back, stderr is kept."""
+
+    def __init__(self, site) -> None:
+        self.site = site
+        argv = site.lab.prefix("b") + ["ssh", "-F", str(site.ssh_config), "-o", "BatchMode=yes",
+                                       "-o", "ConnectTimeout=30", "-T", site.host, "cat"]
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=client_env(site.home), start_new_session=True)
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        self.err: list[str] = []
+        threading.Thread(target=self._pump, args=(self.p.stdout, self.lines.put), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.p.stderr, lambda b: self.err.append(b.decode(errors="replace"))),
+                         daemon=True).start()
+
+    @staticmethod
+    def _pump(f, put) -> None:
+        for line in iter(f.readline, b""):
+            put(line)
+
+    def echo(self, text: str, timeout_s: float = 60) -> float:
+        """Write a line; the seconds until it came back (AssertionError when it did not)."""
+        t0 = time.monotonic()
+        self.p.stdin.write(text.encode() + b"\n")
+        self.p.stdin.flush()
+        try:
+            got = self.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"{text!r} did not come back in {timeout_s:g}s; ssh exit {self.p.poll()}; "
+                                 f"its stderr: {''.join(self.err)[-2000:]}; the member's log: "
+                                 f"{self.site.node.server_log()[-3000:]}") from None
+        assert got == text.encode() + b"\n", (got, text)
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()  # the ssh process group only: it is this test's
+        self.p.wait(timeout=30)
