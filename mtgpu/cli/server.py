@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_node(config)
     except tuple(kind for kind, _ in refusals) as e:
         what = next(words for kind, words in refusals if isinstance(e, kind))
-        logging.getLogger("mtgpu-server").error("%s", e)
+        # said once: the log goes to stderr too (logging.basicConfig), so no log line beside it
         print(f"mtgpu-server: {what}: {e}", file=sys.stderr)
         return 2
 

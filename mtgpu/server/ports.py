@@ -29,6 +29,13 @@ def tcp_connections() -> list:
     return psutil.net_connections(kind="tcp")
 
 
+def one_line(text: str) -> str:
+    """A command line for a one-line message: its arguments' newlines, tabs, NULs and other
+    control characters (from /proc/PID/cmdline, where any byte but NUL may be in an
+    argument) as single spaces, trimmed."""
+    return " ".join("".join(" " if ch < " " or ch == "\x7f" else ch for ch in text).split())
+
+
 def holder_of(port: int) -> tuple[int, str] | None:
     """(pid, command line) of a process listening on TCP `port` on this machine, if one is
     found. None also when the socket's owner cannot be seen (another user's process, to a
@@ -44,10 +51,10 @@ def holder_of(port: int) -> tuple[int, str] | None:
         try:
             p = psutil.Process(pid)
             try:
-                cmd = " ".join(p.cmdline())
+                cmd = one_line(" ".join(p.cmdline()))
             except psutil.AccessDenied:
                 cmd = ""
-            return pid, (cmd.strip() or p.name())[:200]
+            return pid, (cmd or one_line(p.name()))[:200]
         except psutil.Error:
             continue
     return None

@@ -88,3 +88,47 @@ def test_the_nodes_own_sshd_left_running_may_keep_the_ssh_port(tmp_path):
 def test_socket_inet_ntop_is_the_standard_librarys_again_once_pysyncobj_is_loaded():
     assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"
     assert socket.inet_ntop(socket.AF_INET6, b"\x00" * 15 + b"\x01") == "::1"
+
+
+def squatter_with_a_multiline_command_line():
+    """A process listening on a loopback port whose arguments hold a newline, a tab and an
+    escape (as /proc/PID/cmdline gives them: any byte but NUL); (process, port)."""
+    code = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, "first line\nsecond\tline", "esc\x1b[31mred"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline())
+
+
+def test_the_holders_command_line_is_said_on_one_line_cleaned_of_control_characters():
+    proc, port = squatter_with_a_multiline_command_line()
+    try:
+        with pytest.raises(PortTaken) as e:
+            take_ports(config(port, free_port()))
+    finally:
+        proc.kill()
+        proc.wait()
+    text = str(e.value)
+    assert "\n" not in text and "\t" not in text and "\x1b" not in text, repr(text)
+    assert f"in use by process {proc.pid} (" in text and "first line second line esc [31mred)" in text, text
+
+
+def test_a_refused_start_says_the_port_conflict_once(tmp_path, monkeypatch, capfd, caplog):
+    """mtgpu-server's own refusal: one line on stderr, not a log line beside it (both went
+    to stderr, so the message came twice)."""
+    import mtgpu.cli.server as server_cli
+
+    proc, port = squatter_with_a_multiline_command_line()
+    path = tmp_path / "mtgpu.toml"
+    path.write_text(f'LISTEN = "127.0.0.1:{port}"\nSSH_LISTEN = "127.0.0.1:{free_port()}"\n'
+                    f'STATE_DIR = "{tmp_path / "state"}"\nGPU_BACKEND = "simulated"\n[CONTAINERS]\nenabled = false\n')
+    # the start would first move this process (pytest) into the node's cgroup: not the part tested
+    monkeypatch.setattr(server_cli, "hold_member_early", lambda config: None)
+    try:
+        assert server_cli.main(["--config", str(path)]) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+    said = capfd.readouterr().err + "\n".join(r.getMessage() for r in caplog.records)
+    assert said.count(f"port {port} is in use by process {proc.pid}") == 1, said
+    assert f"mtgpu-server: cannot start: LISTEN = '127.0.0.1:{port}'" in said, said
