@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 
 from ..client.local import ClientError, LocalClient
-from ..jobfile import DIRECTIVES, SBATCH_OVERRIDE
+from ..jobfile import DIRECTIVES, SBATCH_OVERRIDE, SBATCH_SCRIPT
 from ..jobfile.sbatch import cli_option_length
 from ..model.job import JobState
 from .common import (err, fail, gpu_text, out, print_fields, print_json, print_jobs_table, print_warnings,
@@ -91,12 +91,14 @@ def submit(
             fail("give either a job file or --wrap, not both", 2)
         # In a container the image's sh (images need not have bash), natively bash.
         script = f"#!/bin/{'sh' if overrides.get('container') else 'bash'}\n{wrap}\n"
+        overrides[SBATCH_SCRIPT] = "--wrap"  # a Slurm job named `wrap`, as sbatch --wrap makes
     elif len(rest) == 1:
         path = rest[0]
         try:
             script = sys.stdin.read() if path == "-" else open(path, encoding="utf-8", errors="replace").read()
         except OSError as e:
             fail(f"cannot read the job file {path}: {e.strerror}", 2)
+        overrides[SBATCH_SCRIPT] = path if path == "-" else os.path.basename(path)  # sbatch's default job name
     else:
         fail("give one job file (or - for standard input), or --wrap CMD", 2)
     try:

@@ -427,8 +427,8 @@ def _given_from_overrides(overrides: Mapping[Any, Any]) -> dict[str, _Given]:
     except Exception:  # noqa: BLE001 - a caller passed something that is not a mapping
         raise JobFileError("overrides must be a mapping of directive name to value") from None
     for key, value in items:
-        if value is None or key == SBATCH_OVERRIDE:
-            continue  # an unset CLI flag; sbatch options are read with the file's
+        if value is None or key in (SBATCH_OVERRIDE, SBATCH_SCRIPT):
+            continue  # an unset CLI flag; sbatch options (and the script's name) are read with the file's
         if not isinstance(key, str):
             raise JobFileError(f"override key {key!r} is not a directive name; known: {', '.join(_TABLE)}")
         if isinstance(value, bool):
@@ -448,6 +448,38 @@ SBATCH_OVERRIDE = "sbatch"
 """The override key that carries sbatch options given on the command line (`mt-job submit
 -c 4 --gres=gpu:1 job.sh`): a JSON list of the arguments, read like `#SBATCH` options that
 come after the file's (so they win, as in sbatch)."""
+
+
+SBATCH_SCRIPT = "sbatch-script"
+"""The override key saying where the script came from, for sbatch's name of a job that has
+none of its own: the script's file name (`mt-job submit train.sh`: the job is `train.sh`),
+`-` for standard input (`sbatch`), `--wrap` for --wrap (`wrap`; a --wrap job is a Slurm
+one, as `sbatch --wrap` is: it writes slurm-%j.out in the submit directory)."""
+WRAP = "--wrap"
+
+
+def _script_source(overrides: Mapping[Any, Any] | None) -> str | None:
+    if not overrides or not isinstance(overrides, Mapping) or overrides.get(SBATCH_SCRIPT) is None:
+        return None
+    raw = overrides[SBATCH_SCRIPT]
+    if not isinstance(raw, str) or not raw.strip():
+        raise JobFileError("must be the script's file name, - (standard input) or --wrap",
+                           directive=SBATCH_SCRIPT, value=str(raw))
+    return raw
+
+
+def sbatch_job_name(source: str) -> str | None:
+    """The name sbatch gives a job of this script source that names none itself (None: a
+    file name that is no usable label; the job then keeps job-ID)."""
+    if source == WRAP:
+        return "wrap"
+    if source == "-":
+        return "sbatch"
+    name = source.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    try:
+        return _parse_name(name)
+    except _Invalid:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,7 +554,8 @@ def read_job_file(text: str, overrides: Mapping[str, str] | None = None,
     for n in late_directive_lines(text):
         warnings.append(f"line {n}: #MTGPU after the script's first command is ignored; move it up to the "
                         "comment block at the top")
-    request = sbatch.translate(text, _sbatch_tokens(overrides))
+    source = _script_source(overrides)
+    request = sbatch.translate(text, _sbatch_tokens(overrides), wrap=source == WRAP)
     warnings += request.warnings
     _merge_sbatch(given, request, warnings)
     if overrides:
@@ -531,6 +564,14 @@ def read_job_file(text: str, overrides: Mapping[str, str] | None = None,
         if name not in _TABLE:
             raise ValueError(f"{name!r} is no directive")  # a programming error, not the submitter's
         given.setdefault(name, _Given(name, value, None))
+
+    # a Slurm script (#SBATCH lines, sbatch options given, or --wrap): it sees Slurm's variables and
+    # srun, and a job that names itself nowhere is named as sbatch names it (after the script file)
+    slurm = request.found or bool(_sbatch_tokens(overrides)) or source == WRAP
+    if slurm and source is not None and "name" not in given:
+        name = sbatch_job_name(source)
+        if name is not None:
+            given["name"] = _Given("name", name, None)
 
     fields: dict[str, Any] = {}
     for name, directive in _TABLE.items():
@@ -560,6 +601,5 @@ def read_job_file(text: str, overrides: Mapping[str, str] | None = None,
             directive="vram",
             value=g.value,
         )
-    # a Slurm script (#SBATCH lines, or sbatch options given): it sees Slurm's variables and srun
-    fields["slurm"] = request.found or bool(_sbatch_tokens(overrides))
+    fields["slurm"] = slurm
     return ParsedJobFile(JobSpec(script=text, **fields), tuple(warnings))

@@ -363,9 +363,19 @@ def _hostnames(s: _Seen) -> list[str]:
 # ---------------------------------------------------------------- translating
 
 
-def translate(text: str, cli_tokens: Sequence[str] = ()) -> SbatchRequest:
+def translate(text: str, cli_tokens: Sequence[str] = (), wrap: bool = False) -> SbatchRequest:
     """The #SBATCH options of a script (and sbatch options from the command line, which
-    win, as in sbatch) as #MTGPU directive values. Raises JobFileError."""
+    win, as in sbatch) as #MTGPU directive values; `wrap`: the script is sbatch --wrap's.
+    Raises JobFileError."""
+    req = _translate_options(text, cli_tokens)
+    if (req.found or cli_tokens or wrap) and "output" not in req.directives:
+        # sbatch's default output file, for every batch job (--wrap's and command-line options' too)
+        pattern = DEFAULT_ARRAY_OUTPUT if "array" in req.directives else DEFAULT_OUTPUT
+        req.directives["output"] = Translated(pattern, None, "sbatch's default output file", default=True)
+    return req
+
+
+def _translate_options(text: str, cli_tokens: Sequence[str]) -> SbatchRequest:
     inside, late = sbatch_lines(text)
     req = SbatchRequest(lines=[n for n, _ in inside])
     for n in late:
@@ -389,9 +399,6 @@ def translate(text: str, cli_tokens: Sequence[str] = ()) -> SbatchRequest:
     block_end = max((n for n, _ in inside), default=0)
     _translate(got, req, _launcher(text, block_end) if inside or cli_tokens else None)
     req.warnings.sort(key=_line_of)  # in the order of the script's lines; the command line's last
-    if req.found and "output" not in req.directives:
-        pattern = DEFAULT_ARRAY_OUTPUT if "array" in req.directives else DEFAULT_OUTPUT
-        req.directives["output"] = Translated(pattern, None, "sbatch's default output file", default=True)
     return req
 
 

@@ -167,6 +167,23 @@ def test_sbatch_flags_on_mt_jobs_command_line(node, alice, project):
     assert log_of(node, alice, job["id"]) == "name=from-flags cpus=1\n"
 
 
+def test_a_job_is_named_after_its_script_file_and_wrap_writes_slurm_jobid_out(node, alice, project):
+    """As sbatch: no -J names the job after the script file (%x, SLURM_JOB_NAME); --wrap's job
+    is `wrap` and writes slurm-%j.out in the submit directory."""
+    script = project / "train.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -o %x-%j.out\necho \"name=$SLURM_JOB_NAME\"\n")
+    os.chown(script, alice.uid, alice.gid)
+    result, _ = submitted(node, alice, project, None, "train.sh")
+    job = node.wait_state(result["job_id"], {"completed", "failed"})
+    assert job["state"] == "completed" and job["name"] == "train.sh", job
+    assert (project / f"train.sh-{job['id']}.out").read_text() == "name=train.sh\n"
+    assert not (project / f"job-{job['id']}-{job['id']}.out").exists()
+    result, _ = submitted(node, alice, project, None, "--wrap", 'echo "name=$SLURM_JOB_NAME"')
+    job = node.wait_state(result["job_id"], {"completed", "failed"})
+    assert job["state"] == "completed" and job["name"] == "wrap", job
+    assert (project / f"slurm-{job['id']}.out").read_text() == "name=wrap\n"
+
+
 def test_a_job_stopped_at_its_time_limit_keeps_what_it_prints_while_stopping(node, alice, project):
     script = ("#!/bin/bash\n#SBATCH --time=0:02 --output=limit-%j.out\n"
               "trap 'echo \"got TERM\"; exit 143' TERM\necho started\nsleep 30 &\nwait\n")

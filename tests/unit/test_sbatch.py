@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mtgpu.agent.runners.base import SLURM_BIN_DIR
-from mtgpu.jobfile import SBATCH_OVERRIDE, JobFileError, parse_job_file, read_job_file
+from mtgpu.jobfile import SBATCH_OVERRIDE, SBATCH_SCRIPT, JobFileError, parse_job_file, read_job_file
 from mtgpu.jobfile.patterns import PatternValues, expand_pattern, pattern_problem
 from mtgpu.jobfile.sbatch import OPTION_NAMES, cli_option_length, slurm_size_bytes, slurm_time_s
 from mtgpu.model.job import ArraySpec, GpuAlternative, GpuSlot, Job, JobSpec, NodeAllocation
@@ -340,6 +340,32 @@ def test_sbatch_script_writes_slurms_default_output_file_unless_told():
     assert sbatch("-e err.txt").spec.output == "slurm-%j.out"
     mixed = "#!/bin/bash\n#SBATCH -c 1\n#MTGPU output=mine.txt\nrun\n"
     assert read_job_file(mixed).spec.output == "mine.txt" and read_job_file(mixed).warnings == ()
+
+
+def test_a_job_without_a_name_is_named_as_sbatch_names_it_and_percent_x_follows():
+    named = lambda text, source, **o: read_job_file(text, {SBATCH_SCRIPT: source, **o}).spec  # noqa: E731
+    slurm = "#!/bin/bash\n#SBATCH -o %x-%j.out\nrun\n"
+    spec = named(slurm, "train.sh")
+    assert (spec.name, spec.output) == ("train.sh", "%x-%j.out")
+    job = make_job(spec_extra={"name": spec.name, "output": spec.output})
+    assert output_paths(job, 0, "node-a", "alice")[0] == "train.sh-42.out"  # not job-42-42.out
+    assert named(slurm, "-").name == "sbatch"  # a script on standard input, as sbatch names it
+    assert named(slurm, "train.sh", name="mine").name == "mine"  # a name given wins
+    assert named("#!/bin/bash\n#SBATCH -J sweep\nrun\n", "train.sh").name == "sweep"
+    assert named("#!/bin/bash\n#MTGPU name=n1\n#SBATCH -c 1\nrun\n", "train.sh").name == "n1"
+    assert named("#!/bin/bash\n#MTGPU gpus=1\nrun\n", "train.sh").name == ""  # no Slurm job: job-ID
+    assert named("#!/bin/bash\nrun\n", "a.sh", **{SBATCH_OVERRIDE: '["-c", "2"]'}).name == "a.sh"
+    assert named(slurm, "x" * 300).name == ""  # no usable label: job-ID, never a refusal
+
+
+def test_wrap_is_a_slurm_job_named_wrap_writing_slurm_jobid_out():
+    spec = read_job_file("#!/bin/bash\ntrue\n", {SBATCH_SCRIPT: "--wrap"}).spec
+    assert (spec.name, spec.output, spec.slurm) == ("wrap", "slurm-%j.out", True)
+    spec = read_job_file("#!/bin/bash\ntrue\n", {SBATCH_SCRIPT: "--wrap", "output": "o.txt", "name": "w"}).spec
+    assert (spec.name, spec.output) == ("w", "o.txt")
+    assert read_job_file("#!/bin/bash\ntrue\n", {SBATCH_OVERRIDE: '["-c", "1"]'}).spec.output == "slurm-%j.out"
+    with pytest.raises(JobFileError, match="sbatch-script"):
+        read_job_file("#!/bin/bash\ntrue\n", {SBATCH_SCRIPT: ""})
 
 
 def test_command_line_sbatch_options_win_over_the_file():
