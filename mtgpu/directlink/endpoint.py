@@ -32,8 +32,8 @@ from .tlsbind import TlsIdentity
 log = logging.getLogger(__name__)
 TO_RESPONDER, TO_DIALER = b"\x00", b"\x01"
 MAX_SESSIONS_PER_PEER = 32
-SUSPECT_AFTER_S = 0.8   # the direct path silent this long: datagrams go the relay's way too
-PATH_KEEPALIVE_S = 0.25  # a probe on an up path this often (its answer shows the path works both ways)
+SUSPECT_AFTER_S = 0.6   # the direct path silent this long: datagrams go the relay's way too
+PATH_KEEPALIVE_S = 0.2  # a probe on an up path this often (its answer shows the path works both ways)
 TICK_S = 0.1
 RECONNECT_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 CID_LENGTH = 8  # qh3's connection_id_length: the length of a short header's destination id
@@ -96,6 +96,7 @@ class Endpoint:
         _t, self.udp = await loop.create_datagram_endpoint(lambda: D.UdpSocket(self._udp_datagram),
                                                            local_addr=(bind, 0))
         self.relay_udp, self._local_candidates = relay_udp, local_candidates
+        self._local_ips = D.local_addresses()
         await self._learn_public()
         self._keeper = asyncio.ensure_future(self._keep_paths())
         if self.public is None:
@@ -117,6 +118,7 @@ class Endpoint:
         the public UDP address is asked again (a new relay, or a new network)."""
         old, self.relay = self.relay, relay
         relay.claim([cid for s in self.sessions() for cid in s.cids])  # the relay may hold our old connection too
+        self._ping_all()  # what was lost meanwhile is resent as soon as the peer's answer comes this way
         self._pump.cancel()
         self._pump = asyncio.ensure_future(self._receive(relay))
         if old is not relay:
@@ -125,6 +127,12 @@ class Endpoint:
             self.relay_udp = relay_udp
         if self.udp is not None and self.relay_udp is not None:
             asyncio.ensure_future(self._moved())
+
+    def _ping_all(self) -> None:
+        for s in self.sessions():
+            if s.ready.is_set():
+                s.conn.send_ping(int(time.monotonic() * 1000) & 0xFFFFFFFF)
+                s.flush()
 
     async def _keep_relay(self) -> None:
         while not self._closing:
@@ -242,8 +250,11 @@ class Endpoint:
         moved = st.peer_candidates and candidates != st.peer_candidates
         st.peer_token, st.peer_candidates = token, candidates
         log.debug("directlink: %s... offers a direct path at %s", s.peer_id[:16], st.peer_candidates)
-        if moved and st.addr is not None and time.monotonic() - st.heard > SUSPECT_AFTER_S:
-            self._down(s, "the peer moved")
+        if moved:  # the peer moved: a ping now, whose answer shows what of ours was lost on the way
+            s.conn.send_ping(int(time.monotonic() * 1000) & 0xFFFFFFFF)
+            s.flush()
+            if st.addr is not None and time.monotonic() - st.heard > SUSPECT_AFTER_S:
+                self._down(s, "the peer moved")
         self._punch(s)
 
     def _punch(self, s: Session) -> None:
@@ -321,9 +332,19 @@ class Endpoint:
                 asyncio.ensure_future(self._moved())
 
     async def _check_relay(self) -> None:
+        """The direct path went silent: when this host's addresses changed (a laptop from
+        Wi-Fi to a cable), the relay connection left from an address it no longer has:
+        connect again at once; else ask the relay whether it is still there."""
         self._checking = True
         try:
-            if not await self.relay.check():
+            ips = await asyncio.get_running_loop().run_in_executor(None, D.local_addresses)
+            if ips != getattr(self, "_local_ips", ips):
+                self._local_ips = ips
+                log.info("directlink: this host's addresses changed (now %s): connecting to the relay again",
+                         ", ".join(ips) or "none")
+                self.relay.abandon()
+                await self._moved()
+            elif not await self.relay.check(1.0):
                 log.info("directlink: the relay %s stopped answering (this endpoint moved?)", self.relay.where)
                 await self._moved()
         finally:

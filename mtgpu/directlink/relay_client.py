@@ -97,9 +97,13 @@ class RelayConnection:
                 return True
             if self.closed.is_set():
                 return False
+        self.abandon()
+        return False
+
+    def abandon(self) -> None:
+        """Closed without a goodbye (its path is gone)."""
         self.closed.set()
         self.writer.close()
-        return False
 
     async def _read(self) -> None:
         try:
