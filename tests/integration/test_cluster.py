@@ -207,6 +207,15 @@ def test_a_two_node_job_gets_ranks_and_one_rendezvous_and_fails_as_a_whole(alice
         assert r0[0] == "rank=0" and r1[0] == "rank=1" and r0[1] == r1[1] == "n=2"
         assert r0[2] == r1[2] and r0[2].startswith("master=127.0.0.1:") and int(r0[2].rsplit(":", 1)[1]) > 0
         assert r0[3] == f"pet=0/2/{r0[2][7:]}" and r1[3] == f"pet=1/2/{r0[2][7:]}"
+        # A Slurm script's srun steps: every rank's output reaches the job's --output, as Slurm
+        # gathers it (before, only rank 0's did); each rank's log keeps its own.
+        script = f"#!/bin/bash\n#SBATCH -N 2 -o {out}/gather-%j.out\nsrun -l sh -c 'echo step on $SLURM_PROCID'\n"
+        jid = m0.submit_json(alice, script=script)["job_id"]
+        job = m0.wait_state(jid, {"completed", "failed"}, timeout_s=60)
+        assert job["state"] == "completed", job["reason"]
+        lines = (out / f"gather-{jid}.out").read_text().splitlines()
+        assert sorted(lines) == ["0: step on 0", "1: step on 1"], lines
+        assert m0.mt_job(alice, "logs", "--rank", "1", str(jid)).stdout == "1: step on 1\n"
         # Killing one rank's process stops the other and fails the job, naming the rank.
         script = ("#!/bin/bash\n#MTGPU nodes=2\n"
                   f"echo $$ > {out}/pid-$MTGPU_NODE_RANK\nexec sleep 300\n")

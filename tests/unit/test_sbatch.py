@@ -18,7 +18,7 @@ from mtgpu.jobfile import SBATCH_OVERRIDE, SBATCH_SCRIPT, JobFileError, parse_jo
 from mtgpu.jobfile.patterns import PatternValues, expand_pattern, pattern_problem
 from mtgpu.jobfile.sbatch import OPTION_NAMES, cli_option_length, slurm_size_bytes, slurm_time_s
 from mtgpu.model.job import ArraySpec, GpuAlternative, GpuSlot, Job, JobSpec, NodeAllocation
-from mtgpu.server.member.jobenv import job_env, output_paths, slurm_env
+from mtgpu.server.member.jobenv import job_env, output_paths, slurm_env, step_output_env
 
 CORPUS = Path(__file__).resolve().parent.parent / "sbatch_corpus"
 SCRIPTS = sorted(CORPUS.glob("*.sbatch"))
@@ -483,6 +483,16 @@ def test_output_files_are_rank_zeros_and_expanded_on_its_node():
     assert output_paths(make_job(), 0, "node-a", "alice") == (None, None)
 
 
+def test_the_other_ranks_steps_are_told_rank_zeros_output_file():
+    two = make_job(nodes=("node-a", "node-b"), spec_extra={"output": "o-%x-%j-%N.out", "workdir": "/home/alice/p"})
+    assert step_output_env(two, 1, "alice", "/home/alice") == {"MTGPU_STEP_OUTPUT": "/home/alice/p/o-train-42-node-a.out"}
+    assert step_output_env(two, 0, "alice", "/home/alice") == {}  # rank 0's own steps write through its script
+    assert job_env(two, 1, "node-b", "alice", "/home/alice", set())["MTGPU_STEP_OUTPUT"].endswith("-node-a.out")
+    apart = make_job(nodes=("node-a", "node-b"), spec_extra={"output": "o.out", "error": "e.err"})
+    assert step_output_env(apart, 1, "alice", "/home/alice") == {}
+    assert step_output_env(make_job(spec_extra={"output": "o.out"}), 0, "alice", "/h") == {}
+
+
 # ---------------------------------------------------------------- mt-job's flags
 
 
@@ -527,6 +537,25 @@ def test_srun_on_a_node_beyond_the_asked_tasks_runs_nothing():
     assert (r.returncode, r.stdout) == (0, "")
     r = run_tool("srun", "echo", "x", env={"SLURM_NNODES": "2", "SLURM_NODEID": "1"})
     assert r.stdout == "x\n"
+
+
+def test_srun_on_another_rank_appends_its_steps_output_to_the_jobs_output_file(tmp_path):
+    out = tmp_path / "slurm-42.out"
+    out.write_text("rank 0 line\n")
+    env = {"SLURM_NNODES": "2", "SLURM_NODEID": "1", "MTGPU_STEP_OUTPUT": str(out)}
+    r = run_tool("srun", "-l", "sh", "-c", "echo on $SLURM_PROCID; echo oops >&2; exit 4", env=env)
+    assert (r.returncode, r.stdout) == (4, "1: on 1\n1: oops\n")  # still in this rank's log
+    assert out.read_text() == "rank 0 line\n1: on 1\n1: oops\n"
+    r = run_tool("srun", "echo", "plain", env=env)
+    assert (r.returncode, r.stdout) == (0, "plain\n") and out.read_text().endswith("1: oops\nplain\n")
+    r = run_tool("srun", "echo", "x", env={**env, "SLURM_NODEID": "0"})  # rank 0's srun: its script's output
+    assert out.read_text().endswith("plain\n")
+    # A file this node does not reach (homes not shared): said once, the step still runs.
+    away = {**env, "MTGPU_STEP_OUTPUT": str(tmp_path / "elsewhere/slurm-42.out"), "TMPDIR": str(tmp_path)}
+    r = run_tool("srun", "echo", "here", env=away)
+    assert (r.returncode, r.stdout) == (0, "here\n") and "is not reachable from this node (rank 1)" in r.stderr
+    r = run_tool("srun", "echo", "again", env=away)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "again\n", "")
 
 
 def test_srun_refuses_more_than_one_task_per_node():

@@ -196,8 +196,9 @@ def _child(spec, log_fd, script_fd, err_w, go_r, job_dir):
 
 def _open_output(path, append):
     """An output file of the job, opened as the tenant (its permissions apply), emptied
-    first unless `append` (a requeued attempt goes on where the last one stopped)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    first unless `append` (a requeued attempt goes on where the last one stopped). Always
+    written at its end: the `srun` steps of the job's other ranks append to it too."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_APPEND | (0 if append else os.O_TRUNC)
     return os.open(path, flags, 0o644)
 
 

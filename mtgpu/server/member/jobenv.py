@@ -67,6 +67,7 @@ def job_env(job: Job, rank: int, node_name: str, user: str, home: str,
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = mps_memory_limits(alloc)
     if job.spec.slurm:  # not for #MTGPU jobs: Slurm-aware tools (mpirun) would take it for a Slurm allocation
         env.update(slurm_env(job, rank, node_name, user, home))
+        env.update(step_output_env(job, rank, user, home))
     if len(job.allocations) > 1 and master is not None:
         nnodes, host, port = str(len(job.allocations)), master[0], str(master[1])
         for prefix in ("MTGPU_", "PET_"):
@@ -115,6 +116,20 @@ def slurm_env(job: Job, rank: int, node_name: str, user: str, home: str) -> dict
         steps = {b - a for a, b in zip(indices, indices[1:])}
         env["SLURM_ARRAY_TASK_STEP"] = str(steps.pop() if len(steps) == 1 else 1)
     return env
+
+
+def step_output_env(job: Job, rank: int, user: str, home: str) -> dict[str, str]:
+    """For the other ranks of a Slurm job on several nodes: rank 0's output file, absolute
+    (MTGPU_STEP_OUTPUT), which their `srun` steps append to, as Slurm gathers every task's
+    output into the batch step's --output. Not when the job has a separate error= file:
+    then their steps' output stays in their own logs."""
+    if rank == 0 or len(job.allocations) < 2:
+        return {}
+    out, err = output_paths(job, 0, job.allocations[0].node, user)
+    if out is None or err is not None:
+        return {}
+    workdir = job.spec.workdir or home
+    return {"MTGPU_STEP_OUTPUT": out if out.startswith("/") else f"{workdir.rstrip('/')}/{out}"}
 
 
 def output_paths(job: Job, rank: int, node_name: str, user: str) -> tuple[str | None, str | None]:
