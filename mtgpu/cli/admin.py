@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from ..agent.telemetry.simulated import default_override_path, write_simulated_load
 from ..client.local import LocalClient, find_socket
 from ..model.tenant import SHARE_HELP, validate_share
 from ..model.units import UnitError, parse_size
-from .common import err, fail, give_link, out, print_json, print_jobs_table, request, size, when
-from .nodes_table import node_notes, nodes_table
-from .usage import checked, print_report, since_option, until_option
+from .common import (Col, dropped_note, err, fail, give_link, one_line_summaries, out, print_json, print_jobs_table,
+                     print_table, request, table_width, when, wrapped)
+from .nodes_table import node_notes, nodes_table, nodes_text
+from .usage import checked, print_report, since_option, until_option, wide_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 nodes_app = typer.Typer(add_completion=False, help="The cluster's nodes.", invoke_without_command=True)
@@ -24,7 +24,7 @@ app.add_typer(nodes_app, name="nodes")
 
 
 @nodes_app.callback()
-def nodes_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json")) -> None:
+def nodes_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"), wide: bool = wide_option()) -> None:
     """List nodes with role, state, GPUs and live use (`nodes drain NAME`, `nodes resume NAME`)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -32,9 +32,16 @@ def nodes_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     if json_out:
         print_json(nodes)
         return
-    out.print(nodes_table(nodes))
-    for line in node_notes(nodes, out.width):
-        out.print(line, markup=False)
+    width = table_width(wide)
+    if width is None:  # a pipe: nothing cut, one line a row
+        out.file.write(nodes_text(nodes, None) + "\n")
+    else:
+        table, dropped = nodes_table(nodes, width)
+        out.print(table, soft_wrap=False)
+        if dropped:
+            out.print(wrapped(dropped_note(dropped), width))
+        for line in node_notes(nodes, width):
+            out.print(line)
     for n in nodes:
         c = n.get("containers")
         if c is None:
@@ -52,10 +59,10 @@ def nodes_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
 
 
 @nodes_app.command("list")
-def nodes_list_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
+def nodes_list_cmd(json_out: bool = typer.Option(False, "--json"), wide: bool = wide_option()) -> None:
     """Same as `mtgpu-admin nodes`."""
     ctx = typer.Context(typer.main.get_command(nodes_app))
-    nodes_list(ctx, json_out)
+    nodes_list(ctx, json_out, wide)
 
 
 @nodes_app.command("drain")
@@ -108,11 +115,16 @@ def tenant_list(json_out: bool = typer.Option(False, "--json")) -> None:
     if json_out:
         print_json(rows)
         return
-    table = Table("TENANT", "UID", "GID", "KIND", "CLUSTERS", "SHARE", "KEYS", "LAST SEEN", box=None)
-    for t in rows:
-        table.add_row(t["name"], str(t["uid"]), str(t["gid"]), "invited" if t["managed"] else "local",
-                      ",".join(t["clusters"]) or "-", f"{t['share']:g}", str(len(t["keys"])), when(t["last_seen_at"]))
-    out.print(table)
+    print_table(*tenant_table(rows), has_wide=False)
+
+
+def tenant_table(rows: list[dict]) -> tuple[list[Col], list[tuple[str, ...]]]:
+    """`tenant list`'s table; narrow, it drops GID, then KEYS, then KIND."""
+    cols = [Col("TENANT"), Col("UID", right=True), Col("GID", drop=3, right=True), Col("KIND", drop=1),
+            Col("CLUSTERS", wrap=True), Col("SHARE", right=True), Col("KEYS", drop=2, right=True), Col("LAST SEEN")]
+    return cols, [(t["name"], str(t["uid"]), str(t["gid"]), "invited" if t["managed"] else "local",
+                   ",".join(t["clusters"]) or "-", f"{t['share']:g}", str(len(t["keys"])), when(t["last_seen_at"]))
+                  for t in rows]
 
 
 @tenant_app.command("remove")
@@ -185,7 +197,8 @@ def retention(
 
 
 @app.command()
-def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.Option(False, "--json")) -> None:
+def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.Option(False, "--json"),
+         wide: bool = wide_option()) -> None:
     """Jobs of all tenants (root or the admin group)."""
     def all_jobs(c: LocalClient) -> list[dict]:
         if not c.whoami()["admin"]:
@@ -196,7 +209,7 @@ def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.
     if json_out:
         print_json(rows)
         return
-    print_jobs_table(rows, tenant=True)
+    print_jobs_table(rows, tenant=True, wide=wide, has_wide=True)
 
 
 @app.command()
@@ -205,13 +218,14 @@ def usage(
     until: Optional[str] = until_option(),
     by: str = typer.Option("tenant", "--by", help="group by tenant, model (GPU model), node or day"),
     json_out: bool = typer.Option(False, "--json"),
+    wide: bool = wide_option(),
 ) -> None:
     """Finished jobs' usage of every tenant, like sreport: GPU-hours per GPU model, CPU and
     memory hours reserved, run and wait time, wait percentiles per GPU model (docs/ACCOUNTING.md).
     Root or the admin group; tenants see their own with `mt-job usage`."""
     checked(since, until, by, ("tenant", "model", "node", "day"))
     report = request(LocalClient, lambda c: c.usage(since, until, by))
-    print_report(report, json_out, "usage of every tenant's finished jobs")
+    print_report(report, json_out, "usage of every tenant's finished jobs", wide)
 
 
 def link_host(listen: str, host: str | None) -> str:
@@ -290,6 +304,9 @@ def directlink_cluster_key(config: Optional[str] = typer.Option(None, "--config"
         err.print(f"cannot read the cluster secret {path}: {e.strerror}; run this on a member, as root", markup=False)
         raise typer.Exit(2) from None
     print(f"{cfg.CLUSTER_ID}={endpoint_id(cluster_key(secret, cfg.CLUSTER_ID))}")
+
+
+one_line_summaries(app)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from typing import List, Optional
 import typer
 
 from ..client.local import ClientError, LocalClient
-from .common import err, fail, out, print_fields, print_json, request
+from .common import Col, err, fail, one_line_summaries, out, print_fields, print_json, print_table, request
 from .joblog import FOLLOW, TAIL, print_log
 from .podman import tenant_podman
 from .workspace_wait import WorkspaceEnded, WorkspaceNotUp, not_up_message, view, wait_until_up
@@ -105,16 +105,21 @@ def list_(all_: bool = typer.Option(False, "--all", help="every tenant's (admins
     if json_out:
         print_json(items)
         return
-    from rich.table import Table
+    print_table(*workspace_table(items), has_wide=False)
 
-    table = Table("NAME", "ID", "STATE", "NODE", "IMAGE", "GPUS", "PORTS", "REASON", box=None)
+
+def workspace_table(items: list[dict]) -> tuple[list[Col], list[tuple[str, ...]]]:
+    """`mt-container list`'s table; narrow, it drops ID, then PORTS, then IMAGE; REASON wraps."""
+    cols = [Col("NAME"), Col("ID", drop=3, right=True), Col("STATE"), Col("NODE"), Col("IMAGE", drop=1),
+            Col("GPUS"), Col("PORTS", drop=2), Col("REASON", wrap=True)]
+    rows = []
     for ws in items:
         w = ws["workspace"]
         ports = ",".join(f"{p['port']}->{p['host_port']}" if p["host_port"] else str(p["port"]) for p in w["ports"])
         gpus = ",".join(str(g["index"]) for g in ws["gpus"]) if ws["state"] == "running" else "-"
-        table.add_row(w["name"], str(ws["id"]), ws["state"], w["node"] or "-", w["image"] or "-", gpus or "-",
-                      ports or "-", ws["reason"] or "")
-    out.print(table)
+        rows.append((w["name"], str(ws["id"]), ws["state"], w["node"] or "-", w["image"] or "-", gpus or "-",
+                     ports or "-", ws["reason"] or ""))
+    return cols, rows
 
 
 @app.command()
@@ -245,6 +250,9 @@ def exec_(ctx: typer.Context, name: str) -> None:
     if not argv:
         fail("give the command after --, e.g. mt-container exec WS -- nvidia-smi", 2)
     _podman_exec(name, argv, sys.stdin.isatty() and sys.stdout.isatty())
+
+
+one_line_summaries(app)
 
 
 def main() -> None:

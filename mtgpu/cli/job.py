@@ -21,11 +21,11 @@ from ..client.local import ClientError, LocalClient
 from ..jobfile import DIRECTIVES, SBATCH_OVERRIDE, SBATCH_SCRIPT
 from ..jobfile.sbatch import cli_option_length
 from ..model.job import JobState
-from .common import (err, fail, gpu_text, out, print_fields, print_json, print_jobs_table, print_warnings,
-                     request, size, when)
+from .common import (err, fail, gpu_text, one_line_summaries, out, print_fields, print_json, print_jobs_table,
+                     print_warnings, request, size, when)
 from . import attach as sessions, squeue
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, follow_to_end, print_log
-from .usage import checked, print_report, since_option, until_option
+from .usage import checked, print_report, since_option, until_option, wide_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -151,6 +151,7 @@ def list_jobs(
                                       "%.10M %R' (docs/SLURM.md lists them)"),
     no_header: bool = typer.Option(False, "--noheader", "-h", help="with --format: no heading line"),
     json_out: bool = typer.Option(False, "--json"),
+    wide: bool = wide_option(),
 ) -> None:
     """Your jobs."""
     try:
@@ -170,7 +171,7 @@ def list_jobs(
         lines = ([] if no_header else [squeue.header(fmt)]) + [squeue.render(j, fmt, now) for j in jobs]
         print("\n".join(lines))
     else:
-        print_jobs_table(jobs)
+        print_jobs_table(jobs, wide=wide, has_wide=True)
 
 
 @app.command()
@@ -218,12 +219,13 @@ def usage(
     until: Optional[str] = until_option(),
     by: str = typer.Option("model", "--by", help="group by model (GPU model), day or node"),
     json_out: bool = typer.Option(False, "--json"),
+    wide: bool = wide_option(),
 ) -> None:
     """Your finished jobs' usage: GPU-hours per GPU model, CPU and memory hours reserved, run
     and wait time, wait percentiles per GPU model (docs/ACCOUNTING.md)."""
     checked(since, until, by, ("model", "day", "node"))
     report = request(_client, lambda c: c.usage(since, until, by, mine=True))
-    print_report(report, json_out, "usage of your finished jobs")
+    print_report(report, json_out, "usage of your finished jobs", wide)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -244,6 +246,9 @@ def gpus(json_out: bool = typer.Option(False, "--json", help="print one JSON doc
     """The GPUs of this node this session can open, with their use now (nvidia-smi's view in a reservation):
     in a job or an attached session its GPUs, in a plain SSH session none."""
     sessions.gpus(json_out)
+
+
+one_line_summaries(app)
 
 
 def main() -> None:

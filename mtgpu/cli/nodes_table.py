@@ -5,42 +5,61 @@ cluster says what still works on it and what does not (the node's `standing`).""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
-from rich.table import Table
+from .common import UNLIMITED, Col, dropped_note, fit_table, plain, size, wrapped
 
-from .common import size
+NODE_COLS = (Col("NODE"), Col("ROLE"), Col("STATE"), Col("CPUS", drop=3), Col("MEM", drop=2), Col("GPU"),
+             Col("VRAM"), Col("UTIL", drop=1, right=True), Col("COMMITTED"))
+_VENDOR = re.compile(r"^(NVIDIA|AMD|Intel\(R\)|Intel)\s+|\b(GeForce|Radeon|Tesla|Quadro)\s+")
 
 
-def nodes_table(nodes: list[dict]) -> Table:
-    """One row per GPU of every member (one row for a member without GPUs)."""
-    table = Table(box=None, pad_edge=False)
-    table.add_column("NODE", overflow="fold")
-    table.add_column("ROLE", no_wrap=True)
-    table.add_column("STATE", no_wrap=True)
-    table.add_column("CPUS", no_wrap=True)
-    table.add_column("MEM", no_wrap=True)
-    table.add_column("GPU", overflow="fold")
-    table.add_column("VRAM", no_wrap=True)
-    table.add_column("UTIL", no_wrap=True)
-    table.add_column("COMMITTED", overflow="fold")
+def short_model(model: str) -> str:
+    """A GPU model without its vendor's words: 'NVIDIA GeForce RTX 4090' -> 'RTX 4090',
+    'NVIDIA H100 80GB HBM3' -> 'H100 80GB HBM3' (the table's GPU column when narrow)."""
+    return _VENDOR.sub("", model).strip() or model
+
+
+def node_rows(nodes: list[dict], short: bool = False) -> list[tuple[str, ...]]:
+    """One row per GPU of every member (one row for a member without GPUs); the member's
+    own cells on its first row. A role keeps its mark whole ('voter?', 'scheduler' with
+    '(no majority)' on a line of its own); why a member is not up follows the table."""
+    rows = []
     for n in nodes:
         first = True
         for g in n["gpus"] or [None]:
-            # "scheduler (no majority)": the mark on a line of its own
             head = (n["name"], n["role"].replace(" (", "\n("), n["state"], f"{n['cpus_committed']:g}/{n['cpus']:g}",
                     f"{size(n['mem_committed_bytes'])}/{size(n['mem_total_bytes'])}")
             row = head if first else ("",) * 5
             if g is None:
-                table.add_row(*row, "-", "-", "-", "-")
+                rows.append((*row, "-", "-", "-", "-"))
             else:
-                table.add_row(*row, f"{g['index']} {g['model']}",
-                              f"{size(g['vram_used_bytes'])}/{size(g['vram_total_bytes'])}",
-                              f"{g['utilization_pct']:.0f}%",
-                              "exclusive" if g["exclusive"] else
-                              f"{g['committed_fraction']:g} ({size(g['committed_vram_bytes'])})")
+                rows.append((*row, f"{g['index']} {short_model(g['model']) if short else g['model']}",
+                             f"{size(g['vram_used_bytes'])}/{size(g['vram_total_bytes'])}",
+                             f"{g['utilization_pct']:.0f}%",
+                             "exclusive" if g["exclusive"] else
+                             f"{g['committed_fraction']:g} ({size(g['committed_vram_bytes'])})"))
             first = False
-    return table
+    return rows
+
+
+def nodes_table(nodes: list[dict], width: int | None = 80):
+    """The members' table for `width` columns (None: no limit) and the columns it left out.
+    Narrow, GPU models lose their vendor's words first, then UTIL, MEM and CPUS go (in that
+    order) until the rest fit; no cell is cut."""
+    table, dropped = fit_table(NODE_COLS, node_rows(nodes), width)
+    if dropped:
+        table, dropped = fit_table(NODE_COLS, node_rows(nodes, short=True), width)
+    return table, dropped
+
+
+def nodes_text(nodes: list[dict], width: int | None) -> str:
+    """What `mtgpu-admin nodes` prints at `width` (None: a pipe), without colour: the
+    table, what it left out, and the notes under it (the golden tests compare it)."""
+    table, dropped = nodes_table(nodes, width)
+    return "\n".join([plain(table, width)] + ([wrapped(dropped_note(dropped), width)] if dropped else [])
+                     + node_notes(nodes, width or UNLIMITED))
 
 
 def node_notes(nodes: list[dict], width: int = 80) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..config import ConfigError, PythonInterpreter, load_config
 from .common import EXIT_REFUSED, err, fail, out, print_json
@@ -82,7 +83,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="one JSON document 
     for col in ("NAME", "VERSION", "PATH"):
         table.add_column(col)
     for d in docs:
-        version = (d["version"] or "").split()[0] if d["version"] else f"[red]{d['error']}[/red]"
+        version = (d["version"] or "").split()[0] if d["version"] else Text(d["error"], style="red")
         table.add_row(d["name"], version, d["path"])
     out.print(table)
 

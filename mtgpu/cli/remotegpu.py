@@ -13,18 +13,19 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from ..client.remote import RemoteClient
 from ..client.signing import BadKey, generate_key_pair, load_private_key, public_line
 from ..tui.rows import (JOB_COLUMNS, SERVER_COLUMNS, WORKSPACE_COLUMNS, ClusterSnapshot, job_items, job_rows,
                         server_rows, snapshot_json, workspace_items, workspace_rows)
 from ..tui.source import Cluster, fetch_all, group_by_cluster
-from .common import fail, give_link, out, print_json, print_jobs_table, print_warnings, request
+from .common import (Col, fail, fit_table, give_link, one_line_summaries, out, print_json, print_jobs_table,
+                     print_table, print_warnings, render_table, request, table_width, wrapped)
 from .joblog import FOLLOW, HEAD, LOGS_HELP, RANK, TAIL, print_log
 from .usage import checked, print_report, since_option, until_option
 
@@ -183,28 +184,70 @@ def join(
 @app.command()
 def servers(json_out: bool = typer.Option(False, "--json"),
             live: bool = typer.Option(False, "--live", help="ask every joined cluster for its nodes, GPUs, live "
-                                      "use and your jobs there (the terminal app's servers view)")) -> None:
+                                      "use and your jobs there (the terminal app's servers view)"),
+            wide: bool = typer.Option(False, "--wide", help="with --live: every column (full GPU models, UTIL% and "
+                                      "VRAM per GPU) even on a narrow terminal; a pipe always gets them")) -> None:
     """The servers you joined (with --live: their nodes and GPUs now)."""
     if live:
-        _servers_live(json_out)
+        _servers_live(json_out, wide)
         return
     rows = _servers()
     if json_out:
         print_json(rows)
         return
-    table = Table("SERVER", "CLUSTER", "TENANT", "UID", box=None)
-    for s in rows:
-        table.add_row(s["server"], s["cluster_id"], s["tenant"], str(s["uid"]))
-    out.print(table)
+    print_table([Col("SERVER"), Col("CLUSTER"), Col("TENANT"), Col("UID", drop=1, right=True)],
+                [(s["server"], s["cluster_id"], s["tenant"], str(s["uid"])) for s in rows])
 
 
-def _servers_live(json_out: bool) -> None:
+def _servers_live(json_out: bool, wide: bool = False) -> None:
     """The servers view for scripts: one fetch of every joined cluster; a cluster that does
-    not answer is listed with its error (and the exit status is 1)."""
+    not answer is listed as unreachable, its error under the table (and the exit status is 1)."""
     snapshots = fetch_all(_clusters(LIVE_TIMEOUT_S))
-    _print_views(snapshots, json_out, lambda ss: [snapshot_json(s) for s in ss], server_rows, SERVER_COLUMNS)
+    if json_out:
+        print_json([snapshot_json(s) for s in snapshots])
+    else:
+        out.print(live_text(snapshots, table_width(wide)), soft_wrap=True)
     if any(s.error for s in snapshots):
         raise typer.Exit(1)
+
+
+def live_text(snapshots: list[ClusterSnapshot], width: int | None) -> str:
+    """`servers --live` at `width` (None: a pipe): one line a node (on 80 columns: GPU models
+    without vendor, the mean UTIL and all GPUs' VRAM, or without those columns), and, under
+    the table, why each cluster that did not answer did not (in the table: `unreachable`)."""
+    failed = {s.cluster for s in snapshots if s.error is not None}
+    rows = []
+    for r in server_rows(snapshots):
+        if r.ref.get("cluster") in failed:
+            if "node" in r.ref:  # a node as it was (STATE: stale): no path now, the note says why
+                def fix(cells): return cells[:8] + ("-",)
+            else:  # the cluster's own row: its server is named in the note
+                def fix(cells): return (cells[0], "-") + cells[2:8] + ("-",)
+            r = replace(r, cells=fix(r.cells), **({"short": fix(r.short)} if getattr(r, "short", None) else {}))
+        rows.append(r)
+    notes = [f"{s.cluster} ({s.server}) did not answer: {s.error}" + (" (its nodes as they were)" if s.nodes else "")
+             for s in snapshots if s.error is not None]
+    return "\n".join([render_table(*view_table(SERVER_COLUMNS, rows, width), width)]
+                     + [wrapped(n, width) for n in notes])
+
+
+# The app's views as tables for 80 columns: shorter headers, and what a narrow terminal drops
+# first (servers: the per-GPU VRAM, then UTIL; jobs: EXIT, then NODES; workspaces: IMAGE);
+# PATH (an unreachable cluster's error there) and REASON wrap.
+VIEW_COLS = {"VRAM GiB used/total": Col("VRAM GiB", drop=2), "UTIL %": Col("UTIL%", drop=1),
+             "PATH": Col("PATH", wrap=True), "REASON": Col("REASON", wrap=True), "EXIT": Col("EXIT", drop=1),
+             "NODES": Col("NODES", drop=2), "IMAGE": Col("IMAGE", drop=1), "ID": Col("ID", right=True)}
+
+
+def view_table(columns: tuple[str, ...], rows, width: int | None) -> tuple[list[Col], list[tuple[str, ...]]]:
+    """An app view's columns (VIEW_COLS) and its rows' cells for `width` (None: no limit),
+    for print_table: the rows' narrow cells (the app's, where a row has them: GPU models
+    without vendor, the mean UTIL and the VRAM of all GPUs) when the full ones do not fit."""
+    cols = [VIEW_COLS.get(c, Col(c)) for c in columns]
+    cells = [r.cells for r in rows]
+    if width is not None and fit_table(cols, cells, width)[1]:
+        cells = [getattr(r, "short", None) or r.cells for r in rows]
+    return cols, cells
 
 
 def _print_views(snapshots: list[ClusterSnapshot], json_out: bool, items, rows, columns: tuple[str, ...]) -> None:
@@ -212,10 +255,7 @@ def _print_views(snapshots: list[ClusterSnapshot], json_out: bool, items, rows, 
     if json_out:
         print_json(items(snapshots))
         return
-    table = Table(*columns, box=None)
-    for row in rows(snapshots):
-        table.add_row(*row.cells)
-    out.print(table)
+    print_table(*view_table(columns, rows(snapshots), table_width()), has_wide=False)
 
 
 def _clusters(timeout_s: float = 30.0) -> list[Cluster]:
@@ -295,7 +335,7 @@ def usage(since: Optional[str] = since_option(), until: Optional[str] = until_op
     """Your finished jobs' usage on a cluster, as `mt-job usage` gives it on a node."""
     checked(since, until, by, ("model", "day", "node"))
     report = request(_connect(server), lambda c: c.usage(since, until, by))
-    print_report(report, json_out, "usage of your finished jobs")
+    print_report(report, json_out, "usage of your finished jobs", has_wide=False)
 
 
 @app.command(help=LOGS_HELP)
@@ -316,12 +356,10 @@ def workspaces(server: Optional[str] = typer.Option(None, "--server", help=SERVE
     if json_out:
         print_json(rows)
         return
-    table = Table("NAME", "STATE", "NODE", "PORTS", "REASON", box=None)
-    for ws in rows:
-        w = ws["workspace"]
-        table.add_row(w["name"], ws["state"], w["node"] or "-", ",".join(str(p["port"]) for p in w["ports"]) or "-",
-                      ws["reason"] or "")
-    out.print(table)
+    print_table([Col("NAME"), Col("STATE"), Col("NODE"), Col("PORTS", drop=1), Col("REASON", wrap=True)],
+                [(ws["workspace"]["name"], ws["state"], ws["workspace"]["node"] or "-",
+                  ",".join(str(p["port"]) for p in ws["workspace"]["ports"]) or "-", ws["reason"] or "")
+                 for ws in rows], has_wide=False)
 
 
 def ssh_target(entry: dict, address: str | None) -> tuple[str, int]:
@@ -588,6 +626,9 @@ def ssh_config(
         print_json({"file": str(file), "hosts": hosts})
     else:
         out.print(f"{file}: " + (", ".join(hosts) or "no hosts") + (" (ssh HOST)" if hosts else ""), markup=False)
+
+
+one_line_summaries(app)
 
 
 def main() -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from ..model.units import format_duration
 from ..model.usage import DAY_FORMAT, UsageError, parse_day
 from ..model.usage_report import check_by
-from .common import fail, out, print_json
+from .common import Col, fail, out, print_json, print_table, table_width, wrapped
 
 SINCE_HELP = f"first day counted, {DAY_FORMAT} (UTC; a job counts on the day it ended); default: the oldest kept"
 UNTIL_HELP = f"last day counted (included), {DAY_FORMAT} (UTC); default: the newest"
@@ -50,29 +49,57 @@ def _wait(row: dict, p: int) -> str:
     return format_duration(v) if row.get("wait_exact") else f"<={format_duration(v)}"
 
 
-def print_report(report: dict, json_out: bool, what: str) -> None:
+WIDE_HELP = "every column even on a narrow terminal (a pipe always gets them all)"
+
+
+def wide_option() -> bool:
+    return typer.Option(False, "--wide", help=WIDE_HELP)
+
+
+def report_tables(report: dict) -> list[tuple[list[Col], list[tuple[str, ...]]]]:
+    """The report's tables: per group, and (when known) the wait per GPU model. Narrow
+    (80 columns), the first drops BY MODEL, then RUN HOURS and WAIT HOURS, then
+    MEM GIB-HOURS and CPU-HOURS; the group, JOBS, GPU-HOURS and the wait percentiles stay."""
+    by = report["by"]
+    by_model = by == "model"
+    cols = [Col(by.upper()), Col("JOBS", right=True), Col("GPU-HOURS", right=True)] + \
+        ([] if by_model else [Col("BY MODEL", drop=5)]) + \
+        [Col("CPU-HOURS", drop=1, right=True), Col("MEM GIB-HOURS", drop=2, right=True),
+         Col("RUN HOURS", drop=4, right=True), Col("WAIT HOURS", drop=3, right=True), Col("WAIT P50", right=True),
+         Col("P90", right=True), Col("P99", right=True)]
+    rows = []
+    for label, row in [(r[by], r) for r in report["rows"]] + [("TOTAL", report["totals"])]:
+        models = ", ".join(f"{m} {_hours(s)}" for m, s in row["gpu_s_by_model"].items()) or "-"
+        rows.append((str(label), f"{row['jobs']:g}", _hours(row["gpu_s"]), *([] if by_model else [models]),
+                     _hours(row["cpu_s"]), _hours(row["mem_byte_s"] / 1024**3), _hours(row["run_s"]),
+                     _hours(row["wait_s"]), _wait(row, 50), _wait(row, 90), _wait(row, 99)))
+    tables = [(cols, rows)]
+    if report["wait_by_model"]:
+        waits = [Col("MODEL"), Col("JOBS", right=True), Col("P50", right=True), Col("P90", right=True),
+                 Col("P99", right=True)]
+        tables.append((waits, [(w["model"], str(w["wait_samples"]), _wait(w, 50), _wait(w, 90), _wait(w, 99))
+                               for w in report["wait_by_model"]]))
+    return tables
+
+
+def report_heads(report: dict, what: str) -> list[str]:
+    """The line above each of report_tables' tables."""
+    span = f"{report['since'] or 'the oldest kept'} .. {report['until'] or 'the newest'}"
+    heads = [f"{what}, days {span} (UTC; a job counts on the day it ended), by {report['by']}"]
+    if report["wait_by_model"]:
+        approx = any(not w["wait_exact"] for w in report["wait_by_model"])
+        heads.append("\nwait from submission to first start, per GPU model" + (
+            " (<=: from the daily summary of forgotten jobs, the upper edge of a histogram bucket)" if approx else "")
+            + ":")
+    return heads
+
+
+def print_report(report: dict, json_out: bool, what: str, wide: bool = False, has_wide: bool = True) -> None:
+    """The report as JSON or as its tables (`has_wide`: the command has --wide)."""
     if json_out:
         print_json(report)
         return
-    by = report["by"]
-    span = f"{report['since'] or 'the oldest kept'} .. {report['until'] or 'the newest'}"
-    out.print(f"{what}, days {span} (UTC; a job counts on the day it ended), by {by}", markup=False)
-    by_model = by == "model"
-    columns = [by.upper(), "JOBS", "GPU-HOURS"] + ([] if by_model else ["BY MODEL"]) + \
-        ["CPU-HOURS", "MEM GIB-HOURS", "RUN HOURS", "WAIT HOURS", "WAIT P50", "P90", "P99"]
-    table = Table(*columns, box=None)
-    for label, row in [(r[by], r) for r in report["rows"]] + [("TOTAL", report["totals"])]:
-        models = ", ".join(f"{m} {_hours(s)}" for m, s in row["gpu_s_by_model"].items()) or "-"
-        table.add_row(label, f"{row['jobs']:g}", _hours(row["gpu_s"]), *([] if by_model else [models]),
-                      _hours(row["cpu_s"]), _hours(row["mem_byte_s"] / 1024**3), _hours(row["run_s"]),
-                      _hours(row["wait_s"]), _wait(row, 50), _wait(row, 90), _wait(row, 99))
-    out.print(table)
-    if report["wait_by_model"]:
-        approx = any(not w["wait_exact"] for w in report["wait_by_model"])
-        out.print("\nwait from submission to first start, per GPU model" + (
-            " (<=: from the daily summary of forgotten jobs, the upper edge of a histogram bucket)" if approx else "")
-            + ":", markup=False)
-        waits = Table("MODEL", "JOBS", "P50", "P90", "P99", box=None)
-        for w in report["wait_by_model"]:
-            waits.add_row(w["model"], str(w["wait_samples"]), _wait(w, 50), _wait(w, 90), _wait(w, 99))
-        out.print(waits)
+    width = table_width(wide)
+    for head, (cols, rows) in zip(report_heads(report, what), report_tables(report)):
+        out.print(wrapped(head, width))
+        print_table(cols, rows, wide=wide, has_wide=has_wide)

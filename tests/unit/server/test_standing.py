@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import time
 
-from rich.console import Console
-
-from mtgpu.cli.nodes_table import node_notes, nodes_table
+from mtgpu.cli.nodes_table import node_notes, nodes_text
 from mtgpu.server.cluster.standing import Facts, Standing, clock_text, decide
 from mtgpu.setup.node import role_of
 from mtgpu.setup.status import standing_lines
@@ -109,11 +107,7 @@ def node_row(name: str, role: str, state: str, reason: str = "", standing: dict 
 
 
 def rendered(nodes: list[dict]) -> list[str]:
-    console = Console(width=80, record=True, highlight=False)
-    console.print(nodes_table(nodes))
-    for line in node_notes(nodes, console.width):
-        console.print(line, markup=False)
-    return console.export_text().splitlines()
+    return nodes_text(nodes, 80).splitlines()
 
 
 def test_the_nodes_table_of_a_cut_off_scheduler_fits_80_columns_and_says_what_works_there():
