@@ -316,3 +316,41 @@ def test_a_summary_is_the_first_sentence_without_asides_or_its_first_clause():
         "A loopback port that reaches the server's node API through…"
     long = summary_line("Redeem an invitation: registers your public key; you get an account on every node.")
     assert long == "Redeem an invitation" and "\n" not in long
+
+
+def typer_apps():
+    from mtgpu.cli import python, setup
+    return [remotegpu.app, job.app, admin.app, container.app, python.app, setup.app]
+
+
+def every_help_text(command, path=""):
+    """(where, text) of every help text of a click command and of its subcommands."""
+    import click
+    where = path or command.name or "app"
+    for kind in ("help", "short_help", "epilog"):
+        if getattr(command, kind, None):
+            yield f"{where} {kind}", getattr(command, kind)
+    for p in command.params:
+        if getattr(p, "help", None):
+            yield f"{where} {p.name}", p.help
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from every_help_text(sub, f"{where} {name}")
+
+
+def test_no_help_text_of_ours_reads_as_rich_markup_or_emoji():
+    """typer prints help through rich markup (emoji codes included): each text must come
+    out as written."""
+    import inspect
+
+    import typer.main
+    from rich.text import Text
+    for app in typer_apps():
+        for where, text in every_help_text(typer.main.get_command(app)):
+            text = inspect.cleandoc(text)
+            assert Text.from_markup(text).plain == text, f"{where}: {text!r}"
+
+
+def test_typers_own_errors_print_our_values_as_given():
+    result = CliRunner().invoke(job.app, [":m:[bold]x[/]"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "No such command ':m:[bold]x[/]'" in result.output, result.output
