@@ -19,10 +19,8 @@ import os
 import pwd
 import sys
 
-from rich.table import Table
-
 from ..client.local import ClientError, LocalClient
-from .common import err, fail, out, print_json, request, size
+from .common import Col, err, fail, print_json, print_table, request, size
 
 
 def user_shell() -> str:
@@ -92,10 +90,12 @@ def gpus(json_out: bool) -> None:
         err.print("no GPU of this node can be opened from here: GPUs are reached in a job, a session attached to "
                   "one (`mt-job attach ID`) or a workspace", markup=False)
         return
-    table = Table(box=None, pad_edge=False)
-    for col in ("GPU", "MODEL", "MEMORY USED", "UTIL", "YOUR JOB"):
-        table.add_column(col)
-    for g in found:
-        table.add_row(str(g["index"]), g["model"], f"{size(g['vram_used_bytes'])} / {size(g['vram_total_bytes'])}",
-                      f"{g['utilization_pct']:.0f}%", ",".join(map(str, g["your_jobs"])) or "-")
-    out.print(table)
+    print_table(*gpus_table(found), has_wide=False)
+
+
+def gpus_table(found: list[dict]) -> tuple[list[Col], list[tuple[str, ...]]]:
+    """`mt-job gpus`' table (it fits 80 columns; narrower, UTIL goes first)."""
+    cols = [Col("GPU", right=True), Col("MODEL"), Col("MEMORY USED"), Col("UTIL", drop=1, right=True),
+            Col("YOUR JOB")]
+    return cols, [(str(g["index"]), g["model"], f"{size(g['vram_used_bytes'])} / {size(g['vram_total_bytes'])}",
+                   f"{g['utilization_pct']:.0f}%", ",".join(map(str, g["your_jobs"])) or "-") for g in found]

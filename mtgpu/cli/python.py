@@ -14,11 +14,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from ..config import ConfigError, PythonInterpreter, load_config
-from .common import EXIT_REFUSED, err, fail, out, print_json
+from .common import EXIT_REFUSED, Col, err, fail, out, print_json, print_table
 
 VERSION_TIMEOUT_S = 10.0
 _VERSION_CODE = "import sys;print(sys.version)"
@@ -79,13 +77,13 @@ def list_(as_json: bool = typer.Option(False, "--json", help="one JSON document 
     if not docs:
         out.print("no Python interpreters are published on this node (PYTHON_INTERPRETERS is empty)")
         return
-    table = Table(box=None, header_style="bold")
-    for col in ("NAME", "VERSION", "PATH"):
-        table.add_column(col)
-    for d in docs:
-        version = (d["version"] or "").split()[0] if d["version"] else Text(d["error"], style="red")
-        table.add_row(d["name"], version, d["path"])
-    out.print(table)
+    print_table(*interpreters_table(docs), has_wide=False)
+
+
+def interpreters_table(docs: list[dict]) -> tuple[list[Col], list[tuple[str, ...]]]:
+    """`mt-python list`'s table: an interpreter that does not run says why in VERSION (wrapped)."""
+    return [Col("NAME"), Col("VERSION", wrap=True), Col("PATH")], \
+        [(d["name"], (d["version"] or "").split()[0] if d["version"] else d["error"], d["path"]) for d in docs]
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import mtgpu.cli.common as common
 import mtgpu.cli.usage as usage_cli
-from mtgpu.cli import admin, container, job, remotegpu
+from mtgpu.cli import admin, attach, container, job, remotegpu
 from mtgpu.cli.common import fail, jobs_table_rows, render_table, summary_line, wrapped
 from mtgpu.cli.nodes_table import nodes_text
 from mtgpu.cli.usage import print_report, report_heads, report_tables
@@ -182,7 +182,19 @@ TABLES = {
     "remotegpu_servers_live": lambda w: remotegpu.live_text(snapshots(), w),
     "remotegpu_jobs": lambda w: view_text(JOB_COLUMNS, job_rows(snapshots()), w),
     "remotegpu_workspaces": lambda w: view_text(WORKSPACE_COLUMNS, workspace_rows(snapshots()), w),
+    "mt_job_gpus": lambda w: render_table(*attach.gpus_table(
+        [{**api_gpu(i, "NVIDIA H100 80GB HBM3", 40, 80, 98.0), "your_jobs": [7]} for i in range(2)]), w, has_wide=False),
+    "mt_python_list": lambda w: render_table(*python_table(), w, has_wide=False),
 }
+
+
+def python_table():
+    from mtgpu.cli.python import interpreters_table
+    return interpreters_table([
+        {"name": "py311", "version": "3.11.2 (main, Aug 26 2024) [GCC 12.2.0]", "error": None, "path": "/usr/bin/python3.11"},
+        {"name": "conda-torch", "version": None, "path": "/opt/conda/envs/torch/bin/python",
+         "error": "exited with status 127: /opt/conda/envs/torch/bin/python: error while loading shared libraries: "
+                  "libpython3.12.so.1.0: cannot open shared object file"}])
 
 
 def narrow_cells_needed(name: str, width: int) -> None:
