@@ -26,6 +26,7 @@ from .plan import SetupRefused, StepFailed
 Runner = Callable[..., subprocess.CompletedProcess]
 SERVICE_CHOICES = ("auto", "systemd", "init.d")
 STOP_TIMEOUT_S = 30
+START_TIMEOUT_S = 90  # the init script's start waits this long for the node to answer
 
 
 # ---------------------------------------------------------------- what this machine runs
@@ -159,6 +160,9 @@ CONFIG={q(str(config))}
 PIDFILE={q(str(pidfile))}
 LOGFILE={q(str(log_file))}
 STOP_TIMEOUT={STOP_TIMEOUT_S}
+# start and restart return once the node answers on its socket, or after this many seconds
+START_TIMEOUT=${{MTGPU_START_TIMEOUT:-{START_TIMEOUT_S}}}
+PYTHON=$(dirname "$DAEMON")/python
 
 # The pid in PIDFILE is the server's only while it runs DAEMON with CONFIG (a stale
 # pidfile's pid may belong to another process by now; a zombie has no command line).
@@ -196,8 +200,14 @@ do_start() {{
     i=0
     while [ "$i" -lt 100 ]; do
         if running_pid >/dev/null; then
-            echo "mtgpu started (pid $pid, log $LOGFILE)"
-            return 0
+            # the node answers once it has read its state and opened its socket: wait for that
+            # (bounded), so that status right after says it answers
+            "$PYTHON" -I -m mtgpu.setup.answer "$CONFIG" "$pid" "$START_TIMEOUT"
+            case $? in
+                0) echo "mtgpu started (pid $pid, log $LOGFILE)"; return 0 ;;
+                1) break ;;  # it ended before it answered
+                *) echo "mtgpu started (pid $pid, log $LOGFILE), not answering yet"; return 0 ;;
+            esac
         fi
         has_command_line "$pid" || break
         sleep 0.1
@@ -464,7 +474,7 @@ class InitdService:
     def disable_autostart(self) -> str:
         return self.hook.disable()
 
-    def _script(self, action: str, timeout_s: float = STOP_TIMEOUT_S + 30) -> subprocess.CompletedProcess:
+    def _script(self, action: str, timeout_s: float = STOP_TIMEOUT_S + START_TIMEOUT_S + 30) -> subprocess.CompletedProcess:
         return self.run(["/bin/sh", str(self.definition), action], capture_output=True, text=True,
                         timeout=timeout_s, stdin=subprocess.DEVNULL)
 

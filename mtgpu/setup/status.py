@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import textwrap
 from pathlib import Path
@@ -34,6 +35,8 @@ def gather_status(root: Path, config: Path | None = None, venv: Path | None = No
     pid = svc.running_pid() if installed else None
     doc: dict = {
         "installed": installed,
+        # what installs it, with the flags this status was given (an image under --root stays there)
+        "install_command": install_command(root, config),
         "manifest": str(layout.manifest) if m is not None else None,
         "service": {"kind": choice.kind, "definition": str(svc.definition), "boot_hook": choice.boot_hook,
                     "state": "running" if pid else ("stopped" if installed else "not installed"), "pid": pid,
@@ -65,10 +68,21 @@ def gather_status(root: Path, config: Path | None = None, venv: Path | None = No
     return doc
 
 
+def install_command(root: Path, config: Path | None = None) -> str:
+    """`mtgpu-setup install --yes` with the --root and --config of the install asked about."""
+    words = ["mtgpu-setup", "install", "--yes"]
+    if str(root) != "/":
+        words += ["--root", str(root)]
+    if config is not None:
+        words += ["--config", str(config)]
+    return shlex.join(words)
+
+
 def status_lines(doc: dict) -> list[str]:
     s, n, e, c = doc["service"], doc["node"], doc["environment"], doc["config"]
     if not doc["installed"]:
-        lines = [f"service:  not installed ({s['definition']} is missing); `mtgpu-setup install --yes` installs it"]
+        lines = [f"service:  not installed ({s['definition']} is missing); "
+                 f"`{doc.get('install_command') or 'mtgpu-setup install --yes'}` installs it"]
     else:
         state = f"running (pid {s['pid']})" if s["pid"] else "stopped"
         lines = [f"service:  {s['kind']} {s['definition']}: {state}; autostart "

@@ -228,12 +228,17 @@ def test_install_starts_a_node_a_rerun_changes_nothing_a_job_survives_a_restart_
         r = setup_cli("uninstall", "--yes", "--root", str(m.root))
         assert r.returncode == 2 and f"1 job(s) or workspace(s) run on this node ({job_id})" in r.stderr
         assert "--force" in r.stderr and m.script.exists() and m.server_pid() == pid, "a refusal changes nothing"
-        r = subprocess.run(["/bin/sh", str(m.script), "restart"], capture_output=True, text=True, timeout=90)
+        r = subprocess.run(["/bin/sh", str(m.script), "restart"], capture_output=True, text=True, timeout=200)
         assert r.returncode == 0, r.stderr
         new_pid = m.remember_server()
         assert new_pid is not None and new_pid != pid
         assert alive(job_pid), "the restart killed the job"
-        wait_for("the restarted node to answer", lambda: m.health()["pid"] == new_pid, timeout_s=30)
+        # restart returns once the node answers: asked at once, it does (it returned before the node
+        # had opened its socket, and status right after said "does not answer")
+        assert m.health()["pid"] == new_pid
+        doc = m.status()
+        assert doc["exit"] == 0 and doc["node"]["answers"], doc
+        assert f"mtgpu answers on {m.socket}" in r.stdout, r.stdout + r.stderr
         assert job_state(m, job_id)["state"] == "running"
         flag.touch()
         job = wait_for("the job to finish", lambda: (j := job_state(m, job_id))["state"] in
@@ -253,6 +258,8 @@ def test_install_starts_a_node_a_rerun_changes_nothing_a_job_survives_a_restart_
         assert m.config.read_bytes() == written and (m.state_dir / "state").is_dir()
         assert "kept: STATE_DIR" in r.stdout and (VENV / "bin/mtgpu-server").exists()
         assert m.status()["exit"] == 3
+        r = setup_cli("status", "--root", str(m.root))  # the advice keeps --root (an image stays in its folder)
+        assert f"`mtgpu-setup install --yes --root {m.root}` installs it" in r.stdout, r.stdout
 
         # Installed again: the existing config is validated and kept, flags that differ are said.
         r = m.install(name="inst-b")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -220,6 +221,25 @@ def test_the_init_script_status_follows_lsb_and_a_stale_pidfile_is_not_running(t
 def test_the_init_script_refuses_to_start_without_the_server(tmp_path):
     r = subprocess.run(["sh", str(_script(tmp_path).definition), "start"], capture_output=True, text=True)
     assert r.returncode == 5 and "mtgpu-setup install" in r.stderr
+
+
+def test_the_init_script_start_waits_for_the_node_to_answer_and_says_when_it_does_not(tmp_path):
+    svc = _script(tmp_path)
+    bin_dir = svc.layout.server.parent
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # the environment's python
+    (bin_dir / "python").chmod(0o755)
+    svc.layout.server.write_text("#!/bin/sh\nsleep 60\n")  # runs, never answers
+    svc.layout.server.chmod(0o755)
+    svc.layout.config.parent.mkdir(parents=True)
+    svc.layout.config.write_text(f'STATE_DIR = "{tmp_path / "state"}"\n')
+    env = {**os.environ, "MTGPU_START_TIMEOUT": "1"}
+    try:
+        r = subprocess.run(["sh", str(svc.definition), "start"], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0 and "not answering yet" in r.stdout, r.stdout + r.stderr
+        assert f"did not answer on {tmp_path / 'state' / 'mtgpu.sock'} within 1s" in r.stderr, r.stderr
+    finally:
+        subprocess.run(["sh", str(svc.definition), "stop"], capture_output=True, timeout=60)
 
 
 def test_init_script_paths_are_quoted():
