@@ -12,6 +12,9 @@ from typing import Any
 GIB = 1024 ** 3
 
 SERVER_COLUMNS = ("CLUSTER", "NODE", "STATE", "GPUS", "UTIL %", "VRAM GiB used/total", "FREE", "MY JOBS", "PATH")
+# The same columns on a narrow screen (docs/TUI.md): GPU models without vendor and memory
+# words, the mean utilization, the VRAM used/total of all GPUs, and FREE as 'GPUS VRAM'.
+SERVER_SHORT_COLUMNS = ("CLUSTER", "NODE", "STATE", "GPUS", "UTIL%", "VRAM GiB", "FREE", "MY JOBS", "PATH")
 JOB_COLUMNS = ("CLUSTER", "ID", "NAME", "STATE", "NODES", "GPUS", "EXIT", "REASON")
 WORKSPACE_COLUMNS = ("CLUSTER", "NAME", "STATE", "NODE", "IMAGE", "PORTS", "REASON")
 
@@ -39,6 +42,8 @@ class Row:
     key: str
     cells: tuple[str, ...]
     ref: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    short: tuple[str, ...] | None = field(default=None, compare=False, hash=False)
+    """The cells as a narrow screen shows them (None: the same cells)."""
 
 
 @lru_cache(maxsize=4096)
@@ -85,6 +90,49 @@ def _used_of(used: int | None, total: int) -> str:
     return f"{_gib(used)}/{_gib(total)}"
 
 
+_VENDOR_WORDS = frozenset(("nvidia", "tesla", "amd", "geforce", "instinct", "intel"))
+
+
+@lru_cache(maxsize=256)
+def short_model(model: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100', 'NVIDIA A100-SXM4-80GB' -> 'A100', 'Tesla T4' -> 'T4':
+    the model without its vendor, memory size and form-factor words."""
+    words = [w for w in model.split() if w.lower() not in _VENDOR_WORDS]
+    kept = []
+    for w in words:
+        w = w.split("-", 1)[0] if kept or "-" in w else w
+        if not w or (kept and (w[0].isdigit() and w.upper().endswith("GB") or w.upper().startswith(("HBM", "PCIE", "SXM", "NVL")))):
+            continue
+        kept.append(w)
+    return " ".join(kept) or model
+
+
+def gpu_short_cells(gpus: list[dict]) -> tuple[str, str, str, str]:
+    """A node's GPU columns on a narrow screen: '8x H100' ('1x A100+2x T4'), the mean
+    utilization %, VRAM used/total GiB of all its GPUs, and free GPUs with the VRAM left
+    ('2/8 310G')."""
+    if not gpus:
+        return "none", "-", "-", "0/0 0G"
+    counts: dict[str, int] = {}
+    util: list[float] = []
+    used_all = total_all = left = 0
+    free = 0
+    for g in gpus:
+        get = g.get
+        model = short_model(get("model") or "?")
+        counts[model] = counts.get(model, 0) + 1
+        if get("utilization_pct") is not None:
+            util.append(get("utilization_pct"))
+        total, used = g["vram_total_bytes"], get("vram_used_bytes")
+        used_all += used or 0
+        total_all += total
+        if not get("exclusive") and not get("committed_fraction"):
+            free += 1
+        left += max(0, total - max(used or 0, get("committed_vram_bytes") or 0))
+    return ("+".join(f"{n}x {m}" for m, n in counts.items()), _pct(sum(util) / len(util) if util else None),
+            f"{used_all / GIB:.0f}/{total_all / GIB:.0f}", f"{free}/{len(gpus)} {left / GIB:.0f}G")
+
+
 def free_text(gpus: list[dict]) -> str:
     """Free GPUs and the VRAM left on all GPUs (total less what is used or committed)."""
     return gpu_cells(gpus)[3]
@@ -119,11 +167,12 @@ def server_rows(snapshots: list[ClusterSnapshot]) -> list[Row]:
             if s.error is not None:
                 state = f"stale ({state})"
             summary, util, vram, free = gpu_cells(gpus)
+            jobs = ",".join(str(i) for i in mine.get(n["name"], [])) or "-"
+            path = s.path if s.error is None else f"unreachable: {s.error}"
             rows.append(Row(f"{s.cluster}/{n['name']}", (
-                s.cluster, n["name"], state, summary, util, vram, free,
-                ",".join(str(i) for i in mine.get(n["name"], [])) or "-",
-                s.path if s.error is None else f"unreachable: {s.error}",
-            ), {"cluster": s.cluster, "node": n["name"]}))
+                s.cluster, n["name"], state, summary, util, vram, free, jobs, path,
+            ), {"cluster": s.cluster, "node": n["name"]}, (s.cluster, n["name"], state, *gpu_short_cells(gpus), jobs,
+                                                            path)))
     return rows
 
 

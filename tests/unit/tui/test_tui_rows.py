@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mtgpu.tui.rows import filter_rows, free_text, job_rows, server_rows, snapshot_json, sort_rows, workspace_rows
+from mtgpu.tui.rows import (filter_rows, free_text, gpu_short_cells, job_rows, server_rows, short_model, snapshot_json,
+                            sort_rows, workspace_rows)
 from tests.unit.tui.tui_builders import make_gpu, make_job, make_node, make_snapshot, make_workspace
 
 
@@ -68,3 +69,13 @@ def test_sort_orders_numbers_as_numbers_and_ties_by_key():
 def test_snapshot_json_gives_scripts_the_nodes_with_the_callers_jobs():
     d = snapshot_json(make_snapshot("lab", [make_node("gpu1")], [make_job(3, nodes=("gpu1",))]))
     assert d["cluster"] == "lab" and d["error"] is None and d["nodes"][0]["my_jobs"] == [3]
+
+
+def test_a_narrow_screen_names_gpu_models_short_and_sums_a_node_up():
+    assert [short_model(m) for m in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla T4",
+                                     "NVIDIA GeForce RTX 4090", "AMD Instinct MI300X", "NVIDIA A100 80GB PCIe")] == [
+        "H100", "A100", "T4", "RTX 4090", "MI300X", "A100"]
+    gpus = [make_gpu(0, "NVIDIA H100 80GB HBM3", util=30.0, used_gib=10), make_gpu(1, "NVIDIA H100 80GB HBM3", util=50.0),
+            make_gpu(2, "Tesla T4", util=None, total_gib=16, committed=1.0)]
+    assert gpu_short_cells(gpus) == ("2x H100+1x T4", "40", "10/176", "2/3 166G")
+    assert gpu_short_cells([]) == ("none", "-", "-", "0/0 0G")
