@@ -66,6 +66,7 @@ def test_a_taken_listen_port_stops_the_start_naming_the_port_and_its_holder(squa
         log = refused_start(node)
     line = f"LISTEN = '127.0.0.1:{squatter}': port {squatter} is in use by process {os.getpid()}"
     assert line in log and "stop that process or give this node another LISTEN" in log, log
+    assert log.count(line) == 1, log  # said once (it was logged and printed, both on stderr)
     assert "serving on" not in log and "Traceback" not in log, log
 
 
