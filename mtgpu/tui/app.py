@@ -8,6 +8,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from typing import Any, Callable
@@ -15,30 +16,31 @@ from typing import Any, Callable
 from textual.app import App, ComposeResult, SuspendNotSupported
 from textual.binding import Binding
 from textual.css.query import NoMatches
-from textual.widgets import ContentSwitcher, Footer, Input, Static
+from textual.widgets import ContentSwitcher, Input, Static
 
 from ..cli.workspace_wait import WorkspaceEnded, WorkspaceNotUp, not_up_message, view, wait_until_up
 from . import vscode
 from .commands import COMMANDS, Command, CommandError, devcontainer_command, parse_command, workspace_body
 from .rows import ClusterSnapshot, Row, filter_rows, job_rows, server_rows, sort_rows, workspace_rows
-from .screens import ConfirmScreen, HelpScreen, LogScreen, NoticeScreen
+from .screens import ConfirmScreen, HelpScreen, KeyBar, LogScreen, NoticeScreen
 from .source import Cluster, group_by_cluster, merge
 from .tables import TABLES, RowTable
 
 VIEWS = {"servers": server_rows, "jobs": job_rows, "workspaces": workspace_rows}
+VIEW_KEYS = ("1", "2", "3")  # the title shows them: `[2] jobs`
 CLI = [sys.executable, "-m", "mtgpu.cli.remotegpu"]  # the scriptable twin, for terminals and forwards
 
 
 class RemoteGpuApp(App):
     CSS = """
-    #title { height: 1; background: $primary; color: $text; padding: 0 1; }
-    #status { height: 1; padding: 0 1; }
+    #title { height: auto; max-height: 3; background: $primary; color: $text; padding: 0 1; }
+    #status { height: auto; max-height: 4; padding: 0 1; }
     ContentSwitcher { height: 1fr; }
-    RowTable { height: 1fr; }
+    RowTable { height: 1fr; scrollbar-size-horizontal: 0; scrollbar-size-vertical: 1; }
     Input { display: none; }
     Input.shown { display: block; }
     #help, #confirm { width: 90%; height: auto; max-height: 90%; border: thick $primary; background: $surface;
-                      padding: 1 2; }
+                      padding: 1 2; scrollbar-size-vertical: 1; }
     HelpScreen, ConfirmScreen { align: center middle; }
     #log-title { height: 1; background: $primary; padding: 0 1; }
     """
@@ -49,8 +51,9 @@ class RemoteGpuApp(App):
         Binding("slash", "filter", "filter"),
         Binding("colon", "command", "command"),
         Binding("question_mark", "help", "keys"),
-        Binding("o", "sort", "sort by the next column"),
-        Binding("O", "reverse", "reverse the order"),
+        Binding("i", "details", "details", tooltip="the selected row whole (a long reason, an error)"),
+        Binding("o", "sort", "sort", tooltip="sort by the next column"),
+        Binding("O", "reverse", "reverse", tooltip="reverse the order"),
         Binding("r", "refresh_now", "refresh"),
         Binding("q", "quit", "quit"),
         Binding("escape", "close_input", "close", show=False),
@@ -78,7 +81,7 @@ class RemoteGpuApp(App):
                 yield table()
         yield Input(id="prompt", select_on_focus=False)
         yield Static("", id="status", markup=False)
-        yield Footer()
+        yield KeyBar(id="keys")
 
     def on_mount(self) -> None:
         # The app's own objects (textual's widgets, styles, caches) live as long as it does:
@@ -87,27 +90,47 @@ class RemoteGpuApp(App):
         gc.freeze()
         self._show_title()
         self.table().focus()
+        self._show_keys()
         self.action_refresh_now()
         self.set_interval(self.refresh_s, self.action_refresh_now)
 
     def table(self, view: str | None = None) -> RowTable:
         return self.query_one(f"#{view or self.current}", RowTable)
 
+    STATUS_LINES = 4  # the status line wraps to as many; a longer text is a notice too
+
     def say(self, text: str) -> None:
         try:
             self.query_one("#status", Static).update(text)
         except NoMatches:  # the app is closing (a worker's answer came late): nothing to show it on
-            pass
+            return
+        if len(textwrap.wrap(text, max(20, self.size.width - 2))) > self.STATUS_LINES:
+            self.push_screen(NoticeScreen(text))
 
     def _show_title(self) -> None:
+        """The views, the filter, then each cluster and its path; wraps rather than cuts."""
         parts = []
         for name in self.clusters:
             s = self.snapshots.get(name)
             parts.append(f"{name}: " + ("..." if s is None else "unreachable" if s.error else s.path))
         views = "  ".join(f"[{i}] {v}" if v != self.current else f"<{i} {v}>" for i, v in enumerate(VIEWS, 1))
         f = self.filters[self.current]
-        self.query_one("#title", Static).update(f"remotegpu  {views}   {' | '.join(parts)}"
-                                                + (f"   filter: {f}" if f else ""))
+        head, clusters = f"remotegpu  {views}" + (f"   filter: {f}" if f else ""), " | ".join(parts)
+        room = self.size.width - 2  # its padding
+        self.query_one("#title", Static).update(f"{head}   {clusters}" if len(head) + 3 + len(clusters) <= room
+                                                else f"{head}\n{clusters}")
+
+    def _show_keys(self) -> None:
+        """The key bar: the view's keys, then the app's, as many as fit; `? keys` always."""
+        first = ("slash", "colon", "question_mark", "i", "q")  # then the rest; 1 2 3 are in the title
+        app = sorted(self.BINDINGS, key=lambda b: first.index(b.key) if b.key in first else len(first))
+        bindings = [*type(self.table()).BINDINGS, *app]
+        self.query_one("#keys", KeyBar).show([(_key(b.key), b.description) for b in bindings
+                                              if b.show and b.key not in VIEW_KEYS])
+
+    def on_resize(self) -> None:
+        self._show_keys()
+        self._show_title()
 
     def rows(self, view: str) -> list[Row]:
         """What the view shows now: its rows, filtered and sorted."""
@@ -147,6 +170,7 @@ class RemoteGpuApp(App):
         self.query_one(ContentSwitcher).current = view
         self.render_view()
         self.table().focus()
+        self._show_keys()
 
     def action_filter(self) -> None:
         self._open_input("filter", self.filters[self.current], "filter: words every shown row contains")
@@ -197,7 +221,15 @@ class RemoteGpuApp(App):
         self.render_view()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(help_text()))
+        self.push_screen(HelpScreen(help_text))
+
+    def action_details(self) -> None:
+        """`i`: the selected row, every column whole (what a narrow screen cuts)."""
+        row = self.table().selected()
+        if row is None:
+            self.say(f"no {self.current[:-1]} selected")
+            return
+        self.push_screen(NoticeScreen(lambda width: row_details(self.table().headings, row, width)))
 
     # ------------------------------------------------------------ jobs
     def _selected(self, view: str) -> Row | None:
@@ -520,18 +552,39 @@ def local_port_for(port: int) -> int:
     raise OSError("no free local port")
 
 
-def help_text() -> str:
-    """Every key of the app and its views, and the commands of `:`."""
-    lines = ["Keys everywhere"]
-    lines += [f"  {_key(b.key):8} {b.description}" for b in RemoteGpuApp.BINDINGS if b.show or b.key == "escape"]
+def help_text(width: int = 120) -> str:
+    """Every key of the app and its views, and the commands of `:`, for `width` characters:
+    a long description wraps under itself; narrower than 100, a command's description
+    goes on the lines below it."""
+    def item(name: str, text: str, column: int) -> list[str]:
+        if column + 20 > width or len(name) > column - 3:
+            return [f"  {name}"] + textwrap.wrap(text, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+        return textwrap.wrap(f"  {name:{column - 3}} {text}", width, subsequent_indent=" " * column)
+
+    lines = ["Keys everywhere (arrows, j/k, PageUp/PageDown, Home/End move; here too)"]
+    for b in RemoteGpuApp.BINDINGS:
+        if b.show or b.key == "escape":
+            lines += item(_key(b.key), b.tooltip or b.description, 11)
     for table in TABLES:
         if table.BINDINGS:
             lines += ["", f"In {table.view} (Enter on a job: follow its log)" if table.view == "jobs"
                       else f"In {table.view}"]
-            lines += [f"  {_key(b.key):8} {b.description}" for b in table.BINDINGS]
-    lines += ["", "Commands (:)"] + [f"  {k:46} {v}" for k, v in COMMANDS.items()]
+            for b in table.BINDINGS:
+                lines += item(_key(b.key), b.tooltip or b.description, 11)
+    lines += ["", "Commands (:)"]
+    for k, v in COMMANDS.items():
+        lines += item(k, v, 49 if width >= 100 else width)
     lines += ["", "Esc or ? closes this."]
     return "\n".join(lines)
+
+
+def row_details(headings: tuple[str, ...], row: Row, width: int = 120) -> str:
+    """A row of a view, each column whole on its own line(s), wrapped to `width`."""
+    column = max(len(h) for h in headings) + 2
+    lines = []
+    for h, cell in zip(headings, row.cells):
+        lines += textwrap.wrap(f"{h + ':':{column}}{cell or '-'}", max(column + 10, width), subsequent_indent=" " * column)
+    return "\n".join(lines + ["", "Esc closes this."])
 
 
 def _key(key: str) -> str:

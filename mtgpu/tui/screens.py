@@ -1,31 +1,56 @@
-"""The app's pop-up screens: every key (`?`), a notice too long for the status line, a
-yes/no question before something that cannot be undone, and a job's log followed live."""
+"""The app's pop-up screens: every key (`?`), a notice too long for the status line (or
+a row whole, `i`), a yes/no question before something that cannot be undone, and a job's
+log followed live; and the key bar at the foot of the app."""
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
+
+from rich.text import Text
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Log, Static
+from textual.widgets import Log, Static
 
 from ..client.logs import copy_log
 
 
 class HelpScreen(ModalScreen[None]):
-    """Every key of the app and of each view, and the `:` commands."""
+    """Every key of the app and of each view, and the `:` commands: a box that scrolls
+    (arrows, j/k, PageUp/PageDown, Home/End) when they do not all fit. `text` is the text,
+    or makes it for a width (it is made again when the terminal is resized)."""
 
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close"),
+                Binding("j", "scroll('down')", "down", show=False), Binding("k", "scroll('up')", "up", show=False)]
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str | Callable[[int], str]) -> None:
         super().__init__()
-        self.text = text
+        self._make = text if callable(text) else None
+        self.text = text if isinstance(text, str) else ""
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help"):
+        with VerticalScroll(id="help"):
             yield Static(self.text, id="help-text", markup=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#help").focus()
+        self._fill()
+
+    def on_resize(self) -> None:
+        self._fill()
+
+    def _fill(self) -> None:
+        if self._make is not None:
+            # the box is 90% of the screen, less its border, padding and scrollbar
+            self.text = self._make(max(30, int(self.app.size.width * 0.9) - 7))
+            self.query_one("#help-text", Static).update(self.text)
+
+    def action_scroll(self, where: str) -> None:
+        box = self.query_one("#help", VerticalScroll)
+        box.scroll_down(animate=False) if where == "down" else box.scroll_up(animate=False)
 
 
 class NoticeScreen(HelpScreen):
@@ -50,6 +75,48 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes)
 
 
+class KeyBar(Static):
+    """The foot of the app: `key what` for as many keys as fit its width, in the order
+    given, `? keys` (every key) always among them."""
+
+    DEFAULT_CSS = "KeyBar { height: 1; background: $panel; }"
+    KEY = "bold reverse"
+
+    def __init__(self, **kw) -> None:
+        super().__init__("", markup=False, **kw)
+        self._items: list[tuple[str, str]] = []
+
+    def show(self, items: list[tuple[str, str]]) -> None:
+        self._items = items
+        self.update(self.fit(items, self.app.size.width))
+
+    def on_resize(self) -> None:
+        self.update(self.fit(self._items, self.size.width or self.app.size.width))
+
+    @classmethod
+    def fit(cls, items: list[tuple[str, str]], width: int) -> Text:
+        """As many items as fit `width`, `?` and `q` first; two spaces between them, or
+        one when that shows more."""
+        best: list[tuple[str, str]] = []
+        for gap in (2, 1):
+            must = [i for i in items if i[0] in ("?", "q")]
+            room = width - 1 - sum(len(k) + len(d) + 1 + gap for k, d in must)
+            kept = []
+            for key, what in items:
+                if (key, what) in must:
+                    kept.append((key, what))
+                elif len(key) + len(what) + 1 + gap <= room:
+                    kept.append((key, what))
+                    room -= len(key) + len(what) + 1 + gap
+            if len(kept) > len(best):
+                best, best_gap = kept, gap
+        text = Text(" ")
+        for key, what in best:
+            text.append(key, cls.KEY)
+            text.append(f" {what}" + " " * best_gap)
+        return text
+
+
 class _Closed(Exception):
     """The log screen was closed: stop following."""
 
@@ -67,7 +134,10 @@ class LogScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(f"log of job {self.job_id} on {self.cluster.name} (Esc: back)", id="log-title", markup=False)
         yield Log(id="log", highlight=False)
-        yield Footer()
+        yield KeyBar(id="log-keys")
+
+    def on_show(self) -> None:
+        self.query_one("#log-keys", KeyBar).show([("Esc", "back to the jobs"), ("?", "keys")])
 
     def on_mount(self) -> None:
         self.run_worker(self._follow, thread=True, group="log")

@@ -1,6 +1,12 @@
 """The three views' tables: a scrolling table of view-model rows that renders only the
 lines on screen (textual's line API), so that a live refresh of thousands of rows costs
-the visible lines, and the cursor stays on the same row (by key) across refreshes."""
+the visible lines, and the cursor stays on the same row (by key) across refreshes.
+
+Each table fits its width (docs/TUI.md, "Narrow screens"): when every column fits whole it
+shows them all; otherwise it shows the rows' short cells (Row.short) with each column cut
+to its narrow width, leaves out the columns that matter least (`drop`, in order) until its
+last column has `flex_min` characters, and gives the last column what is left (cut with
+'…'; `i` shows a row whole). Nothing scrolls sideways unless even that does not fit."""
 
 from __future__ import annotations
 
@@ -12,10 +18,11 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .rows import JOB_COLUMNS, SERVER_COLUMNS, WORKSPACE_COLUMNS, Row
+from .rows import JOB_COLUMNS, SERVER_COLUMNS, SERVER_SHORT_COLUMNS, WORKSPACE_COLUMNS, Row
 
 GAP = 2
-MAX_WIDTH = 60  # a longer cell (an error message) is cut on screen; `servers --live` has it whole
+MAX_WIDTH = 60  # a longer cell (an error message) is cut on screen; `i` and `servers --live` have it whole
+CUT = "…"
 HEADER = Style(bold=True, reverse=True)
 CURSOR = Style(reverse=True)
 CURSOR_UNFOCUSED = Style(underline=True)
@@ -26,6 +33,10 @@ class RowTable(ScrollView, can_focus=True):
 
     view = ""
     headings: tuple[str, ...] = ()
+    short_headings: tuple[str, ...] = ()  # on a narrow screen (empty: the headings)
+    narrow: tuple[int, ...] = ()  # each column's most characters on a narrow screen (0: no limit)
+    drop: tuple[int, ...] = ()  # the columns left out first when narrow, in order
+    flex_min = 12  # the last column's least width before another column is left out
     BINDINGS = [
         Binding("up,k", "cursor(-1)", "up", show=False), Binding("down,j", "cursor(1)", "down", show=False),
         Binding("pageup", "page(-1)", "page up", show=False), Binding("pagedown", "page(1)", "page down", show=False),
@@ -45,7 +56,11 @@ class RowTable(ScrollView, can_focus=True):
         super().__init__(id=self.view, **kw)
         self._rows: list[Row] = []
         self._index: dict[str, int] = {}
-        self._widths = [len(h) for h in self.headings]
+        self._natural = [len(h) for h in self.headings]  # every column whole (capped at MAX_WIDTH)
+        self._natural_short = [len(h) for h in self.short_headings or self.headings]
+        self._columns = list(range(len(self.headings)))  # the columns shown, and their widths
+        self._widths = list(self._natural)
+        self.is_short = False  # the short cells shown
         self.cursor_row = 0
 
     # ------------------------------------------------------------ data
@@ -55,16 +70,54 @@ class RowTable(ScrollView, can_focus=True):
         self._rows = rows
         self._index = {r.key: i for i, r in enumerate(rows)}
         widths = [len(h) for h in self.headings]
+        short = [len(h) for h in self.short_headings or self.headings]
         for r in rows:
             for i, c in enumerate(r.cells):
                 if len(c) > widths[i]:
                     widths[i] = len(c)
-        self._widths = [min(w, MAX_WIDTH) for w in widths]
+            for i, c in enumerate(r.short or r.cells):
+                if len(c) > short[i]:
+                    short[i] = len(c)
+        # the last column has the room left, whole when it fits (a queued job's reason)
+        self._natural = [min(w, MAX_WIDTH) for w in widths[:-1]] + widths[-1:]
+        self._natural_short = [min(w, MAX_WIDTH) for w in short[:-1]] + short[-1:]
         if selected in self._index:
             self.cursor_row = self._index[selected]
         self.cursor_row = max(0, min(self.cursor_row, len(rows) - 1))
-        self.virtual_size = Size(sum(self._widths) + GAP * len(self._widths), len(rows) + 1)
+        self._lay_out()
+
+    def _lay_out(self) -> None:
+        """Which columns show, how wide, whole or short, for the width there is."""
+        width = self.size.width - (1 if len(self._rows) + 1 > self.size.height else 0)  # the scrollbar's column
+        columns, widths, self.is_short = self.fit(self._natural, self._natural_short, width)
+        self._columns, self._widths = columns, widths
+        self.virtual_size = Size(sum(widths) + GAP * (len(widths) - 1), len(self._rows) + 1)
         self.refresh()
+
+    def fit(self, natural: list[int], natural_short: list[int], width: int) -> tuple[list[int], list[int], bool]:
+        """(columns shown, their widths, short cells) for `width` characters (<= 0: not laid
+        out yet, every column whole)."""
+        every = list(range(len(natural)))
+        whole = sum(natural[:-1]) + GAP * (len(natural) - 1)
+        if width <= 0 or whole + min(natural[-1], max(self.flex_min, 30)) <= width:
+            return every, [*natural[:-1], min(natural[-1], max(width - whole, 0) if width > 0 else natural[-1])], False
+        caps = self.narrow or (0,) * len(natural)
+        widths = [min(w, c) if c else w for w, c in zip(natural_short, caps)]
+        heads = self.short_headings or self.headings
+        widths = [max(w, len(h)) for w, h in zip(widths, heads)]
+        last = every[-1]
+        shown = every[:]
+        for column in (None, *self.drop):
+            if column is not None:
+                shown.remove(column)
+            fixed = sum(widths[i] for i in shown if i != last) + GAP * (len(shown) - 1)
+            if fixed + min(self.flex_min, natural_short[last]) <= width:
+                break
+        widths[last] = max(min(natural_short[last], width - fixed), min(self.flex_min, natural_short[last]))
+        return shown, [widths[i] for i in shown], True
+
+    def on_resize(self) -> None:
+        self._lay_out()
 
     def selected_key(self) -> str | None:
         row = self.selected()
@@ -82,18 +135,24 @@ class RowTable(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------ drawing
     def _line(self, cells: tuple[str, ...]) -> str:
-        return "".join((c[:w - 1] + "~" if len(c) > w else c).ljust(w + GAP) for c, w in zip(cells, self._widths))
+        return (" " * GAP).join((cells[i][:w - 1] + CUT if len(cells[i]) > w else cells[i]).ljust(w)
+                                for i, w in zip(self._columns, self._widths))
+
+    def shown_headings(self) -> tuple[str, ...]:
+        heads = self.short_headings if self.is_short and self.short_headings else self.headings
+        return tuple(heads[i] for i in self._columns)
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
         if y == 0:
-            text, style = self._line(self.headings), HEADER
+            text, style = self._line(self.short_headings if self.is_short and self.short_headings else self.headings), HEADER
         else:
             index = scroll_y + y - 1
             if index >= len(self._rows):
                 return Strip.blank(width)
-            text = self._line(self._rows[index].cells)
+            row = self._rows[index]
+            text = self._line(row.short or row.cells if self.is_short else row.cells)
             style = (CURSOR if self.has_focus else CURSOR_UNFOCUSED) if index == self.cursor_row else None
         text = text[scroll_x:scroll_x + width].ljust(width)
         return Strip([Segment(text, style)], width)
@@ -131,29 +190,43 @@ class RowTable(ScrollView, can_focus=True):
 class ServersTable(RowTable):
     view = "servers"
     headings = SERVER_COLUMNS
-    BINDINGS = [Binding("t", "app.terminal", "terminal on the node"), Binding("v", "app.vscode", "VS Code (the node)")]
+    short_headings = SERVER_SHORT_COLUMNS
+    # CLUSTER NODE STATE GPUS UTIL% VRAM FREE MY JOBS PATH
+    narrow = (10, 16, 12, 12, 0, 0, 0, 10, 0)
+    drop = (5, 4, 3, 0)  # VRAM (FREE says what is left), UTIL%, GPUS, CLUSTER
+    flex_min = 7  # "relayed"
+    BINDINGS = [Binding("t", "app.terminal", "terminal", tooltip="terminal on the node"),
+                Binding("v", "app.vscode", "VS Code", tooltip="VS Code (the node)")]
 
 
 class JobsTable(RowTable):
     view = "jobs"
     headings = JOB_COLUMNS
+    # CLUSTER ID NAME STATE NODES GPUS EXIT REASON
+    narrow = (10, 0, 16, 0, 12, 0, 0, 0)
+    drop = (5, 0, 4)  # GPUS, CLUSTER, NODES
+    flex_min = 20
     BINDINGS = [
-        Binding("l", "app.logs", "follow logs"),
-        Binding("c", "app.cancel_job", "cancel job"),
+        Binding("l", "app.logs", "logs", tooltip="follow logs"),
+        Binding("c", "app.cancel_job", "cancel", tooltip="cancel job"),
     ]
 
 
 class WorkspacesTable(RowTable):
     view = "workspaces"
     headings = WORKSPACE_COLUMNS
+    # CLUSTER NAME STATE NODE IMAGE PORTS REASON
+    narrow = (10, 16, 0, 12, 20, 12, 0)
+    drop = (4, 0)  # IMAGE, CLUSTER
+    flex_min = 20
     BINDINGS = [
         Binding("n", "app.create_workspace", "create"),
         Binding("s", "app.workspace('start')", "start"),
         Binding("x", "app.workspace('stop')", "stop"),
         Binding("d", "app.workspace('rm')", "remove"),
         Binding("t", "app.terminal", "terminal"),
-        Binding("f", "app.forward", "forward ports"),
-        Binding("v", "app.vscode", "VS Code (inside, or its node)"),
+        Binding("f", "app.forward", "forward", tooltip="forward ports"),
+        Binding("v", "app.vscode", "VS Code", tooltip="VS Code (inside, or its node)"),
     ]
 
 

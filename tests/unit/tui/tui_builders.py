@@ -34,3 +34,17 @@ def make_workspace(name: str, state: str = "running", ports: tuple[int, ...] = (
 def make_snapshot(cluster: str = "lab", nodes=None, jobs=None, workspaces=None, error: str | None = None,
                   path: str = "direct") -> ClusterSnapshot:
     return ClusterSnapshot(cluster, "127.0.0.1:9", "alice", path, nodes, jobs, workspaces, error)
+
+
+def screen_text(app) -> str:
+    """What the terminal shows now, as text (textual's screenshot, without its styles): one
+    line per row of the screen, trailing spaces kept so that a cut is seen."""
+    import io
+
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, color_system=None,
+                      record=True, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console.export_text(styles=False)
