@@ -233,7 +233,8 @@ def install(
                                                    "already has this mtgpu version is used as it is"),
     source: Path = typer.Option(None, "--source", help="the mtgpu checkout to pip-install from (default: this one)"),
     service: str = typer.Option("auto", "--service", help="auto (systemd where it is PID 1, else the init script), "
-                                                          "systemd or init.d"),
+                                                          "systemd or init.d; systemd with --root writes and enables "
+                                                          "the unit for an image, not started"),
     packages: bool = typer.Option(True, "--packages/--no-packages", help="check and install the distribution "
                                                                          "packages (--no-packages: leave them)"),
     wait_timeout: float = typer.Option(None, "--wait-timeout", help="seconds to wait for the node to answer "

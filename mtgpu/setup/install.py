@@ -120,6 +120,9 @@ class Installer:
 
     def summary(self) -> list[str]:
         lines = [f"service: {self.choice.why}"]
+        if not getattr(self.service, "startable", True):
+            lines.append(f"note: the node is not started here: {self.service.definition} is written and enabled for "
+                         "the system under --root, whose systemd starts it at boot")
         if self.choice.caveat:
             lines.append(f"note: {self.choice.caveat}")
         if not self.options.packages:
@@ -150,9 +153,13 @@ class Installer:
             Step(f"autostart ({self.choice.boot_hook})",
                  lambda: Check(s.autostart_enabled(), "enabled" if s.autostart_enabled() else ""),
                  s.enable_autostart),
-            Step("start the service", self._start_check, self._start_apply),
-            Step(f"the node answers on {self.config.socket_path}", self._answers_check, self._wait, change=False),
         ]
+        if getattr(s, "startable", True):  # a unit written into an image is started by its systemd, not here
+            steps += [
+                Step("start the service", self._start_check, self._start_apply),
+                Step(f"the node answers on {self.config.socket_path}", self._answers_check, self._wait,
+                     change=False),
+            ]
         return steps
 
     def _packages_check(self) -> Check:

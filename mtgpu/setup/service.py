@@ -26,6 +26,7 @@ from .plan import SetupRefused, StepFailed
 Runner = Callable[..., subprocess.CompletedProcess]
 SERVICE_CHOICES = ("auto", "systemd", "init.d")
 STOP_TIMEOUT_S = 30
+WANTS_LINK = "multi-user.target.wants link"  # the boot hook of a unit written under --root
 START_TIMEOUT_S = 90  # the init script's start waits this long for the node to answer
 
 
@@ -68,12 +69,14 @@ def choose_service(platform: Platform, requested: str, prefixed: bool) -> Servic
     if requested not in SERVICE_CHOICES:
         raise SetupRefused(f"--service {requested!r}: give one of {', '.join(SERVICE_CHOICES)}")
     if requested == "systemd":
-        if prefixed:
-            raise SetupRefused("--service systemd with --root: systemctl acts on the running system only; "
-                               "install under --root with --service init.d, or without --root")
+        if prefixed:  # an image: its systemd starts the unit at boot; nothing runs it here
+            return ServiceChoice("systemd", WANTS_LINK, "--service systemd under --root: the systemd unit and its "
+                                 "multi-user.target.wants link (what `systemctl --root DIR enable` makes), for a "
+                                 "system under --root whose systemd starts it at boot; not started here")
         if not platform.systemd_running:
             raise SetupRefused(f"--service systemd: systemd is not running here (PID 1 is {platform.pid1!r}, no "
-                               "/run/systemd/system); leave --service out (or give init.d) for the init script")
+                               "/run/systemd/system); leave --service out (or give init.d) for the init script, "
+                               "or add --root DIR to write the unit (and enable it) into an image without starting it")
     if requested in ("auto", "systemd") and platform.systemd_running and not prefixed:
         return ServiceChoice("systemd", "systemctl enable", "systemd is PID 1: a systemd unit")
     if requested == "auto" and platform.systemd_running:
@@ -586,9 +589,55 @@ class SystemdService:
         return "journalctl -u mtgpu.service:\n" + (r.stdout or r.stderr or "").strip()
 
 
+class SystemdImageService(SystemdService):
+    """The unit written under --root for an image (no systemctl: the wants link is made as
+    `systemctl --root DIR enable` makes it). It cannot be started here: `startable` is False
+    and running_pid is None, so install writes and enables it and says it was not started."""
+
+    startable = False
+
+    @property
+    def wants_link(self) -> Path:
+        return self.layout.under(f"/etc/systemd/system/multi-user.target.wants/{self.unit_name}")
+
+    def _target(self) -> str:
+        return f"/etc/systemd/system/{self.unit_name}"  # as the image's systemd sees it
+
+    def install_definition(self) -> None:
+        _write(self.definition, self.definition_text(), 0o644)
+
+    def remove_definition(self) -> None:
+        self.definition.unlink(missing_ok=True)
+
+    def autostart_enabled(self) -> bool:
+        return self.wants_link.is_symlink() and os.readlink(self.wants_link) == self._target()
+
+    def enable_autostart(self) -> str:
+        self.wants_link.parent.mkdir(parents=True, exist_ok=True)
+        self.wants_link.unlink(missing_ok=True)
+        self.wants_link.symlink_to(self._target())
+        return f"linked {self.wants_link} -> {self._target()}"
+
+    def disable_autostart(self) -> str:
+        self.wants_link.unlink(missing_ok=True)
+        return f"removed {self.wants_link}"
+
+    def running_pid(self) -> int | None:
+        return None
+
+    def _not_here(self) -> str:
+        raise StepFailed(f"{self.definition} is a unit for the system under --root: its systemd starts it, "
+                         "this machine's cannot")
+
+    start = stop = restart = _not_here
+
+    def log_tail(self) -> str:
+        return ""
+
+
 def make_service(choice: ServiceChoice, layout: Layout, run: Runner = subprocess.run) -> Service:
     if choice.kind == "systemd":
-        return SystemdService(layout, run)
+        return SystemdImageService(layout, run) if choice.boot_hook == WANTS_LINK else SystemdService(layout, run)
     hook: BootHook
     if choice.boot_hook == "wsl.conf":
         hook = WslBoot(layout)

@@ -334,6 +334,26 @@ def test_an_environment_tenants_cannot_run_is_refused_naming_the_folder_and_noth
         assert list(m.root.iterdir()) == [], "a refused install must change nothing"
 
 
+def test_a_systemd_unit_is_written_and_enabled_under_root_for_an_image_without_starting_it():
+    """systemd is not PID 1 here: --service systemd alone is refused, with --root it writes the unit."""
+    with machine() as m:
+        unit = m.root / "etc/systemd/system/mtgpu.service"
+        wants = m.root / "etc/systemd/system/multi-user.target.wants/mtgpu.service"
+        r = m.install("--service", "systemd")
+        assert "not started here" in r.stdout and "start the service" not in r.stdout, r.stdout
+        assert f"ExecStart={VENV}/bin/mtgpu-server --config {m.config}" in unit.read_text()
+        assert os.readlink(wants) == "/etc/systemd/system/mtgpu.service"
+        assert m.server_pid() is None and not m.socket.exists() and not m.script.exists()
+        doc = m.status()
+        assert doc["service"]["kind"] == "systemd" and doc["service"]["autostart"] is True, doc
+        assert doc["service"]["state"] == "stopped" and doc["exit"] == 3
+        again = m.install("--service", "systemd")
+        assert again.stdout.rstrip().endswith("nothing changed: every step was already done"), again.stdout
+        r = setup_cli("uninstall", "--yes", "--root", str(m.root))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not unit.exists() and not wants.is_symlink()
+
+
 def test_an_invalid_existing_config_is_refused_naming_the_key_and_kept():
     with machine() as m:
         m.config.parent.mkdir(parents=True)

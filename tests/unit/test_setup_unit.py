@@ -22,8 +22,9 @@ from mtgpu.setup.layout import Layout
 from mtgpu.setup.node import role_of
 from mtgpu.setup.plan import Check, SetupRefused, Step, StepFailed, run_plan
 from mtgpu.setup.secret import plan_secret
-from mtgpu.setup.service import (InitdService, Platform, RcLinks, SystemdService, UpdateRcD, choose_service,
-                                 init_script, systemd_unit, wsl_conf_with_boot, wsl_conf_without_boot)
+from mtgpu.setup.service import (WANTS_LINK, InitdService, Platform, RcLinks, SystemdImageService, SystemdService,
+                                 UpdateRcD, choose_service, init_script, make_service, systemd_unit,
+                                 wsl_conf_with_boot, wsl_conf_without_boot)
 from mtgpu.config import config_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,10 +128,30 @@ def test_an_install_under_a_root_folder_makes_its_own_rc_links():
 
 
 def test_asking_for_systemd_where_it_does_not_run_is_refused_with_the_fix():
-    with pytest.raises(SetupRefused, match="systemd is not running here.*--service"):
+    with pytest.raises(SetupRefused, match="systemd is not running here.*--service.*--root DIR to write the unit"):
         choose_service(make_platform(pid1="process_api"), "systemd", prefixed=False)
     with pytest.raises(SetupRefused, match="--service 'upstart'"):
         choose_service(make_platform(), "upstart", prefixed=False)
+
+
+def test_systemd_under_a_root_folder_is_a_unit_written_and_enabled_for_an_image_not_started(tmp_path):
+    for platform in (make_platform(pid1="process_api"), make_platform(systemd=True, pid1="systemd")):
+        choice = choose_service(platform, "systemd", prefixed=True)
+        assert (choice.kind, choice.boot_hook) == ("systemd", WANTS_LINK) and "not started here" in choice.why
+    layout = Layout.make(tmp_path, venv=tmp_path / "venv")
+    svc = make_service(choice, layout, run=lambda *a, **k: pytest.fail(f"no command may run: {a}"))
+    assert isinstance(svc, SystemdImageService) and not svc.startable and svc.running_pid() is None
+    svc.install_definition()
+    assert (tmp_path / "etc/systemd/system/mtgpu.service").read_text() == svc.definition_text()
+    assert not svc.autostart_enabled()
+    svc.enable_autostart()
+    link = tmp_path / "etc/systemd/system/multi-user.target.wants/mtgpu.service"
+    assert os.readlink(link) == "/etc/systemd/system/mtgpu.service" and svc.autostart_enabled()
+    with pytest.raises(StepFailed, match="its systemd starts it"):
+        svc.start()
+    svc.disable_autostart()
+    svc.remove_definition()
+    assert not link.is_symlink() and not svc.definition.exists()
 
 
 # ---------------------------------------------------------------- boot hooks
