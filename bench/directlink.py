@@ -256,7 +256,8 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=20, help="megabytes per throughput run (default 20)")
     ap.add_argument("--rounds", type=int, default=300, help="SSH echo round trips measured each way (default 300)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--only-day", action="store_true", help="only the working day (issue 26): sessions, relay kill, move")
+    ap.add_argument("--only-day", action="store_true",
+                    help="only the working day (issue 26): sessions, relay kill, move")
     args = ap.parse_args()
     os.chdir(ROOT)
     result = run_as_root("directlink", "the DirectLink NAT lab", run, args, why_not=netlab_missing)

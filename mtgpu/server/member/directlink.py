@@ -196,7 +196,8 @@ class MemberDirectLink:
         self.connected.clear()
         if not self._stopping:
             direct = sum(1 for s in ep.sessions() if s.path == "direct")
-            self.problem = f"the relay {address} closed the connection: new sessions wait until a relay admits this member"
+            self.problem = (f"the relay {address} closed the connection: new sessions wait until a relay admits "
+                            "this member")
             log.warning("directlink: the relay %s closed the connection; %d session(s) on the direct path go on, "
                         "new sessions wait until a relay admits this member again (connecting again)",
                         address, direct)
