@@ -91,7 +91,16 @@ class RowTable(ScrollView, can_focus=True):
         width = self.size.width - (1 if len(self._rows) + 1 > self.size.height else 0)  # the scrollbar's column
         columns, widths, self.is_short = self.fit(self._natural, self._natural_short, width)
         self._columns, self._widths = columns, widths
-        self.virtual_size = Size(sum(widths) + GAP * (len(widths) - 1), len(self._rows) + 1)
+        size = Size(sum(widths) + GAP * (len(widths) - 1), len(self._rows) + 1)
+        old, room = self.virtual_size, self.size.width
+        # a refresh that changes a cell's width changes only the width: told only when it
+        # scrolls sideways (a live refresh stays cheap, bench/tui_frame.py)
+        changed = size.height != old.height or (size.width != old.width and max(size.width, old.width) > room)
+        self.virtual_size = size
+        if changed:
+            # the scrollbar and scrolling are told (textual's layout sees no change once the
+            # size is set): without it, PageDown moved the cursor out of sight
+            self._scroll_update(size)
         self.refresh()
 
     def fit(self, natural: list[int], natural_short: list[int], width: int) -> tuple[list[int], list[int], bool]:
@@ -118,6 +127,8 @@ class RowTable(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         self._lay_out()
+        if self._rows:
+            self._follow_cursor()  # the table got shorter (the title wrapped): its row stays in sight
 
     def selected_key(self) -> str | None:
         row = self.selected()
@@ -165,6 +176,10 @@ class RowTable(ScrollView, can_focus=True):
         if not self._rows:
             return
         self.cursor_row = max(0, min(len(self._rows) - 1, self.cursor_row + delta))
+        self._follow_cursor()
+
+    def _follow_cursor(self) -> None:
+        """Scroll so that the cursor's row is on screen."""
         top = self.scroll_offset.y
         if self.cursor_row < top:
             self.scroll_to(y=self.cursor_row, animate=False)

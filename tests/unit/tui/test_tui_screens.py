@@ -178,3 +178,20 @@ def test_the_vs_code_refusal_is_whole_on_the_status_line_at_80_columns(monkeypat
     said = " ".join(line.strip() for line in screen[-6:-1] if line.strip())
     assert ("VS Code's `code` command is not on PATH: in VS Code run \"Shell Command: Install 'code' command in "
             "PATH\" (or add it to PATH), then press v again") in said, "\n".join(screen)
+
+
+def test_page_down_keeps_the_selected_row_on_an_80x24_screen():
+    client = FakeClient([make_node(f"gpu-node-{i:02d}", gpus=8, model="NVIDIA H100 80GB HBM3") for i in range(60)], [])
+
+    async def go():
+        app = app_with(client)
+        app.animation_level = "none"
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, "the nodes", lambda: len(cells(app, "servers")) == 61)
+            for _ in range(2):
+                before = app.table().selected().cells[1]
+                await pilot.press("pagedown")
+                node = app.table().selected().cells[1]
+                assert node > before
+                await until(pilot, f"{node} on the screen", lambda: node in screen_text(app))
+    asyncio.run(go())
