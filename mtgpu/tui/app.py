@@ -583,7 +583,8 @@ def row_details(headings: tuple[str, ...], row: Row, width: int = 120) -> str:
     column = max(len(h) for h in headings) + 2
     lines = []
     for h, cell in zip(headings, row.cells):
-        lines += textwrap.wrap(f"{h + ':':{column}}{cell or '-'}", max(column + 10, width), subsequent_indent=" " * column)
+        lines += textwrap.wrap(f"{h + ':':{column}}{cell or '-'}", max(column + 10, width),
+                               subsequent_indent=" " * column)
     return "\n".join(lines + ["", "Esc closes this."])
 
 

@@ -91,6 +91,7 @@ def _used_of(used: int | None, total: int) -> str:
 
 
 _VENDOR_WORDS = frozenset(("nvidia", "tesla", "amd", "geforce", "instinct", "intel"))
+_FORM_WORDS = ("HBM", "PCIE", "SXM", "NVL")
 
 
 @lru_cache(maxsize=256)
@@ -101,7 +102,8 @@ def short_model(model: str) -> str:
     kept = []
     for w in words:
         w = w.split("-", 1)[0] if kept or "-" in w else w
-        if not w or (kept and (w[0].isdigit() and w.upper().endswith("GB") or w.upper().startswith(("HBM", "PCIE", "SXM", "NVL")))):
+        memory_or_form = w[:1].isdigit() and w.upper().endswith("GB") or w.upper().startswith(_FORM_WORDS)
+        if not w or (kept and memory_or_form):
             continue
         kept.append(w)
     return " ".join(kept) or model

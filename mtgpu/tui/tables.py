@@ -149,15 +149,12 @@ class RowTable(ScrollView, can_focus=True):
         return (" " * GAP).join((cells[i][:w - 1] + CUT if len(cells[i]) > w else cells[i]).ljust(w)
                                 for i, w in zip(self._columns, self._widths))
 
-    def shown_headings(self) -> tuple[str, ...]:
-        heads = self.short_headings if self.is_short and self.short_headings else self.headings
-        return tuple(heads[i] for i in self._columns)
-
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
         if y == 0:
-            text, style = self._line(self.short_headings if self.is_short and self.short_headings else self.headings), HEADER
+            heads = self.short_headings if self.is_short and self.short_headings else self.headings
+            text, style = self._line(heads), HEADER
         else:
             index = scroll_y + y - 1
             if index >= len(self._rows):

@@ -75,7 +75,8 @@ def test_a_narrow_screen_names_gpu_models_short_and_sums_a_node_up():
     assert [short_model(m) for m in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla T4",
                                      "NVIDIA GeForce RTX 4090", "AMD Instinct MI300X", "NVIDIA A100 80GB PCIe")] == [
         "H100", "A100", "T4", "RTX 4090", "MI300X", "A100"]
-    gpus = [make_gpu(0, "NVIDIA H100 80GB HBM3", util=30.0, used_gib=10), make_gpu(1, "NVIDIA H100 80GB HBM3", util=50.0),
+    gpus = [make_gpu(0, "NVIDIA H100 80GB HBM3", util=30.0, used_gib=10),
+            make_gpu(1, "NVIDIA H100 80GB HBM3", util=50.0),
             make_gpu(2, "Tesla T4", util=None, total_gib=16, committed=1.0)]
     assert gpu_short_cells(gpus) == ("2x H100+1x T4", "40", "10/176", "2/3 166G")
     assert gpu_short_cells([]) == ("none", "-", "-", "0/0 0G")
