@@ -187,7 +187,8 @@ def working_day(tmp: Path, mb: int) -> dict:
                 time.sleep(0.05)
             out["address_change_survived"] = term.p.poll() is None
             out["address_change_stall_s"] = round(max(times), 2)
-            out["address_change_path_after"] = term.err[-1].strip().rsplit(" ", 1)[-1] if term.err else "?"
+            paths = [line.split()[-1] for line in term.err if line.startswith("remotegpu: path ")]
+            out["address_change_path_after"] = paths[-1] if paths else "?"
         finally:
             term.close()
     return out

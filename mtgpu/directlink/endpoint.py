@@ -95,7 +95,7 @@ class Endpoint:
         loop = asyncio.get_running_loop()
         _t, self.udp = await loop.create_datagram_endpoint(lambda: D.UdpSocket(self._udp_datagram),
                                                            local_addr=(bind, 0))
-        self.relay_udp, self._local_candidates = relay_udp, local_candidates
+        self.relay_udp, self._local_candidates, self._bind = relay_udp, local_candidates, bind
         self._local_ips = D.local_addresses()
         await self._learn_public()
         self._keeper = asyncio.ensure_future(self._keep_paths())
@@ -188,9 +188,10 @@ class Endpoint:
             self._offer(s)
         asyncio.ensure_future(offer())
 
-    def _offer(self, s: Session) -> None:
+    def _offer(self, s: Session, moved: bool = False) -> None:
         if self.udp is not None and self.candidates and s.ready.is_set():
-            s.send_control({"direct": {"token": s.direct.my_token.hex(), "candidates": self.candidates}})
+            offer = {"token": s.direct.my_token.hex(), "candidates": self.candidates}
+            s.send_control({"direct": dict(offer, moved=True) if moved else offer})
 
     def _answer(self, src: str, datagram: bytes) -> Session | None:
         """A new session for a dialer's first Initial (None: dropped, too many half-open)."""
@@ -253,7 +254,7 @@ class Endpoint:
         if moved:  # the peer moved: a ping now, whose answer shows what of ours was lost on the way
             s.conn.send_ping(int(time.monotonic() * 1000) & 0xFFFFFFFF)
             s.flush()
-            if st.addr is not None and time.monotonic() - st.heard > SUSPECT_AFTER_S:
+            if st.addr is not None and (offer.get("moved") is True or time.monotonic() - st.heard > SUSPECT_AFTER_S):
                 self._down(s, "the peer moved")
         self._punch(s)
 
@@ -343,24 +344,58 @@ class Endpoint:
                 log.info("directlink: this host's addresses changed (now %s): connecting to the relay again",
                          ", ".join(ips) or "none")
                 self.relay.abandon()
-                await self._moved()
+                await self._new_socket()
+                self._open_after_move()
+                await self._moved(force=True)
             elif not await self.relay.check(1.0):
                 log.info("directlink: the relay %s stopped answering (this endpoint moved?)", self.relay.where)
                 await self._moved()
         finally:
             self._checking = False
 
-    async def _moved(self) -> None:
+    async def _new_socket(self) -> None:
+        """A fresh UDP socket after a move: its NAT mappings are new to every destination
+        alike (the old socket's, still held by the NAT, would push the new ones off their
+        port, so the address the relay reports would not be the one the peer sees)."""
+        old = self.udp
+        loop = asyncio.get_running_loop()
+        try:
+            _t, self.udp = await loop.create_datagram_endpoint(lambda: D.UdpSocket(self._udp_datagram),
+                                                               local_addr=(self._bind, 0))
+        except OSError as e:
+            log.info("directlink: no new UDP socket after the move (%s): the old one goes on", e)
+            return
+        if old is not None and old.transport is not None:
+            old.transport.close()
+
+    def _open_after_move(self) -> None:
+        """After a move every session goes through the relay, and this side sends only
+        low-TTL openers to its peers (NAT mappings of its own, nothing that reaches the
+        peer's NAT): the peer, told by the offer, opens its side and probes first, and
+        its probe is answered (a full probe from here first would leave an unreplied
+        entry in the peer's NAT that moves the peer's mapping off its port)."""
+        now = time.monotonic()
+        for s in self.sessions():
+            st = getattr(s, "direct", None)
+            if st is None or st.peer_token is None:
+                continue
+            st.addr, st.up_since, s.path = None, None, "relay"
+            st.retry_at = now + 3.0  # then this side punches too, when the peer's probes did not come
+            for addr in st.peer_candidates:
+                self.udp.sendto(D.PROBE + st.peer_token, addr, ttl=D.OPENER_TTL)
+
+    async def _moved(self, force: bool = False) -> None:
         """A path went down, or the relay changed: ask the public address again, and
-        offer the new one to every session when it changed (a NAT rebinding, a new network)."""
+        offer the new one to every session when it changed (a NAT rebinding, a new
+        network; `force`: this host moved, offered in any case and said so)."""
         if self.udp is None or self.relay_udp is None or getattr(self, "_asking", False):
             return
         self._asking = True
         try:
-            if await self._learn_public():
+            if await self._learn_public() or force:
                 log.info("directlink: this endpoint's public UDP address is now %s", self.public)
                 for s in self.sessions():
-                    self._offer(s)
+                    self._offer(s, moved=force)
         finally:
             self._asking = False
 
