@@ -26,7 +26,7 @@ from .order import QueueOrder
 from .reasons import join_node_reasons
 from .request import RankRequest, rank_requests
 from .containers import container_reason, offered_images
-from .satisfiable import check_satisfiable
+from .satisfiable import check_satisfiable, hardware_ids
 
 NEG = -np.inf
 TIE_EPS = 1e-9
@@ -64,6 +64,7 @@ class Scheduler:
         self._explicit_workload = workload is not None
         self.set_workload(workload if workload is not None else shapes_from_queue(()))
         self._never_cache: dict[JobSpec, str | None] = {}
+        self._hardware: dict[str, int] | None = None  # satisfiable.hardware_ids, when first needed
         self._able_cache: dict[JobSpec, np.ndarray] = {}
         self._pin_cache: dict[JobSpec, np.ndarray] = {}
         self._reqs_cache: dict[JobSpec, list[RankRequest]] = {}
@@ -261,7 +262,9 @@ class Scheduler:
                 and int(self.able(spec).sum()) >= spec.nodes:
             r = None
         else:
-            r = check_satisfiable(spec, self.snapshot)
+            if self._hardware is None:
+                self._hardware = hardware_ids(self.snapshot.nodes)
+            r = check_satisfiable(spec, self.snapshot, self._hardware)
         self._never_cache[spec] = r
         return r
 

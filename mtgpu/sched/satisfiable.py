@@ -35,8 +35,21 @@ def never_reason(node: NodeView, req: RankRequest) -> str | None:
                                req.gpu_count, req.vram_bytes)
 
 
-def check_satisfiable(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
-    """The reason no node of the cluster could ever run `spec`, even empty; else None."""
+def hardware_ids(nodes: list[NodeView]) -> dict[str, int]:
+    """Node name -> an id equal for nodes whose `never_reason` is the same for every request
+    (the same CPUs, memory and GPUs: vendor, model, VRAM, in order)."""
+    ids: dict[tuple, int] = {}
+    out = {}
+    for n in nodes:
+        key = (float(n.cpus_total), int(n.mem_total_bytes), tuple((g.vendor, g.model, int(g.vram_total_bytes))
+                                                                  for g in n.gpus))
+        out[n.name] = ids.setdefault(key, len(ids))
+    return out
+
+
+def check_satisfiable(spec: JobSpec, snapshot: ClusterSnapshot, hardware: dict[str, int] | None = None) -> str | None:
+    """The reason no node of the cluster could ever run `spec`, even empty; else None.
+    `hardware`: `hardware_ids` of the snapshot's nodes, so that each kind of node is judged once."""
     reqs = rank_requests(spec)
     nodes = snapshot.nodes
     if spec.nodes < 1:
@@ -68,15 +81,25 @@ def check_satisfiable(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
                 kept.append(n)
         nodes = kept
     able = 0
+    judged: dict[int, str | None] = {}  # hardware id -> the node's reason (None: it could)
     for n in nodes:
-        reasons = [never_reason(n, r) for r in reqs]
-        if any(r is None for r in reasons):
-            able += 1
-            continue
-        if len(reqs) == 1:
-            per_node.append((n.name, reasons[0]))  # type: ignore[arg-type]
+        hw = hardware.get(n.name) if hardware is not None else None
+        if hw is not None and hw in judged:
+            why = judged[hw]
         else:
-            per_node.append((n.name, " / ".join(f"{q.label}: {r}" for q, r in zip(reqs, reasons))))
+            reasons = [never_reason(n, r) for r in reqs]
+            if any(r is None for r in reasons):
+                why = None
+            elif len(reqs) == 1:
+                why = reasons[0]
+            else:
+                why = " / ".join(f"{q.label}: {r}" for q, r in zip(reqs, reasons))
+            if hw is not None:
+                judged[hw] = why
+        if why is None:
+            able += 1
+        else:
+            per_node.append((n.name, why))
     if able >= spec.nodes:
         return None
     if able == 0:
