@@ -81,6 +81,7 @@ class Fleet:
         self.log: list[int] = []  # rows changed, in order
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
         self._match_slots: dict[tuple[str | None, str | None], np.ndarray] = {}
+        self._gpu_counts: dict[tuple[str | None, str | None, int | None], np.ndarray] = {}
 
     def _fill(self, views: list[NodeView], flat: list, kinds: dict[tuple[str, str], int]) -> None:
         """Every row at once, from the views: what refresh() copies from a row's NodeState
@@ -249,8 +250,12 @@ class Fleet:
         if req.mem_bytes > 0:
             ok &= self.mem_total >= req.mem_bytes
         if req.gpu_count:
-            g = self.kind_match(req.vendor, req.model)[self.gmodel]
-            if req.vram_bytes is not None:
-                g &= self.vram_total >= req.vram_bytes
-            ok &= g.sum(axis=1) >= req.gpu_count
+            key = (req.vendor, req.model, req.vram_bytes)
+            count = self._gpu_counts.get(key)
+            if count is None:  # per node: GPUs of that kind (and VRAM), which never changes
+                g = self.kind_match(req.vendor, req.model)[self.gmodel]
+                if req.vram_bytes is not None:
+                    g &= self.vram_total >= req.vram_bytes
+                count = self._gpu_counts[key] = g.sum(axis=1)
+            ok &= count >= req.gpu_count
         return ok
