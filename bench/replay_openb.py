@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script from a checkout: import the che
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtgpu.model.cluster import ClusterSnapshot, GpuView, NodeView
-from mtgpu.model.gpu import normalize_model
+from mtgpu.model.gpu import model_matches, normalize_model
 from mtgpu.model.job import GpuAlternative, GpuMode, JobSpec
 from mtgpu.sched import Scheduler, rank_requests
 
@@ -80,9 +80,8 @@ def workload(tasks: list[tuple[JobSpec, int]]) -> list[tuple[tuple, float]]:
     return [(tuple(rank_requests(spec)), float(c)) for spec, c in counts.items()]
 
 
-def replay(nodes: list[NodeView], tasks: list[tuple[JobSpec, int]], seed: int,
-           shapes: list, dump=None) -> tuple[float, float, list[float], float]:
-    capacity = sum(len(n.gpus) for n in nodes) * 1000
+def draw(tasks: list[tuple[JobSpec, int]], seed: int, capacity: int) -> list[tuple[JobSpec, int]]:
+    """The seed's tasks: sampled with replacement until they ask 1.3x the GPU capacity, shuffled."""
     rng = random.Random(seed)
     sample: list[tuple[JobSpec, int]] = []
     requested = 0
@@ -91,6 +90,82 @@ def replay(nodes: list[NodeView], tasks: list[tuple[JobSpec, int]], seed: int,
         sample.append(t)
         requested += t[1]
     rng.shuffle(sample)
+    return sample
+
+
+def naive_replay(nodes: list[NodeView], tasks: list[tuple[JobSpec, int]], seed: int) -> tuple[float, list[float]]:
+    """The reference for speed: a plain best-fit in Python on the same tasks. Each task scans
+    every node (free CPUs, memory, GPU share left in lists) and goes where the least GPU share
+    (then the fewest CPUs) stays free after it, the first such node on a tie; a share goes to
+    the fullest GPU it fits. The model test per node is computed once per kind of request.
+    Returns the allocation at 130% and the time of each placement."""
+    capacity = sum(len(n.gpus) for n in nodes) * 1000
+    sample = draw(tasks, seed, capacity)
+    cpus = [n.cpus_total for n in nodes]
+    mem = [n.mem_total_bytes for n in nodes]
+    left = [[1.0] * len(n.gpus) for n in nodes]  # share left of each GPU
+    models = [n.gpus[0].model if n.gpus else "" for n in nodes]
+    kinds: dict[tuple, list[bool]] = {}  # the model alternatives of a request -> per node: may it use it
+    allocated = 0
+    times = []
+    clock = time.perf_counter
+    for spec, milli in sample:
+        t = clock()
+        alts = spec.gpus
+        want = alts[0].count if alts else 0.0
+        ok_model = None
+        if alts:
+            key = tuple(a.model for a in alts)
+            ok_model = kinds.get(key)
+            if ok_model is None:
+                ok_model = kinds[key] = [bool(m) and any(a.model is None or model_matches(a.model, m) for a in alts)
+                                         for m in models]
+        best = None
+        best_key = None
+        for i in range(len(nodes)):
+            if cpus[i] + 1e-9 < spec.cpus or mem[i] < spec.mem_bytes:
+                continue
+            gl = left[i]
+            if alts:
+                if not ok_model[i]:
+                    continue
+                if want < 1:
+                    fit = [g for g in gl if g + 1e-9 >= want]
+                    if not fit:
+                        continue
+                    rest = sum(gl) - want
+                else:
+                    if sum(1 for g in gl if g >= 1.0 - 1e-9) < want:
+                        continue
+                    rest = sum(gl) - want
+            else:
+                rest = sum(gl)
+            k = (rest, cpus[i] - spec.cpus)
+            if best_key is None or k < best_key:
+                best, best_key = i, k
+        if best is not None:
+            cpus[best] -= spec.cpus
+            mem[best] -= spec.mem_bytes
+            gl = left[best]
+            if alts and want < 1:
+                j = min((g, j) for j, g in enumerate(gl) if g + 1e-9 >= want)[1]
+                gl[j] -= want
+            elif alts:
+                taken = 0
+                for j, g in enumerate(gl):
+                    if taken < want and g >= 1.0 - 1e-9:
+                        gl[j] = 0.0
+                        taken += 1
+        times.append(clock() - t)
+        if best is not None:
+            allocated += milli
+    return allocated / capacity, times
+
+
+def replay(nodes: list[NodeView], tasks: list[tuple[JobSpec, int]], seed: int,
+           shapes: list, dump=None) -> tuple[float, float, list[float], float]:
+    capacity = sum(len(n.gpus) for n in nodes) * 1000
+    sample = draw(tasks, seed, capacity)
     t0 = time.perf_counter()
     sched = Scheduler(ClusterSnapshot(nodes=nodes), workload=shapes)
     setup_s = time.perf_counter() - t0
@@ -129,21 +204,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="42-51", help="seeds, e.g. 42-51 or 42,45")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--dump", type=Path, help="write every decision (seed, task, node:gpu/share) to this file")
+    ap.add_argument("--naive-seeds", type=int, default=None,
+                    help="replay the naive best-fit (the speed reference) on the first N seeds only (default: all)")
     args = ap.parse_args(argv)
     dump = open(args.dump, "w") if args.dump else None
     nodes = read_nodes(args.nodes)
     tasks = read_tasks(args.pods)
     shapes = workload(tasks)
     a100, a130, times, setups = [], [], [], []
-    for seed in parse_seeds(args.seeds):
+    seeds = parse_seeds(args.seeds)
+    naive_seeds = seeds[:args.naive_seeds] if args.naive_seeds is not None else seeds
+    n_times: list[float] = []  # the naive best-fit's, and the engine's on the same seeds
+    e_times: list[float] = []
+    n_a130 = []
+    for seed in seeds:
         x, y, t, s = replay(nodes, tasks, seed, shapes, dump)
         a100.append(x)
         a130.append(y)
         times.extend(t)
         setups.append(s)
+        line = f"seed {seed}: alloc@100% {100 * x:.2f}%  alloc@130% {100 * y:.2f}%  {len(t) / sum(t):.0f} placements/s"
+        if seed in naive_seeds:  # right after the engine's, so both see the same machine load
+            ny, nt = naive_replay(nodes, tasks, seed)
+            n_times.extend(nt)
+            e_times.extend(t)
+            n_a130.append(ny)
+            line += f"  (naive best-fit: {100 * ny:.2f}% at 130%, {len(nt) / sum(nt):.0f} placements/s)"
         if not args.json:
-            print(f"seed {seed}: alloc@100% {100 * x:.2f}%  alloc@130% {100 * y:.2f}%  "
-                  f"{len(t) / sum(t):.0f} placements/s", file=sys.stderr)
+            print(line, file=sys.stderr)
     if dump is not None:
         dump.close()
     times.sort()
@@ -154,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         "p50_ms": round(1000 * times[len(times) // 2], 3),
         "p99_ms": round(1000 * times[min(len(times) - 1, int(len(times) * 0.99))], 3),
         "setup_s": round(statistics.mean(setups), 3),
+        "naive_placements_per_s": round(len(n_times) / sum(n_times), 1) if n_times else None,
+        "naive_alloc_130": round(100 * statistics.mean(n_a130), 2) if n_a130 else None,
+        "vs_naive": round((len(e_times) / sum(e_times)) / (len(n_times) / sum(n_times)), 2) if n_times else None,
+        "naive_seeds": len(n_a130),
         "seeds": len(a100),
         "nodes": len(nodes),
         "gpus": sum(len(n.gpus) for n in nodes),
@@ -165,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  allocated at 100% requested: {out['alloc_100']:.2f}%   at 130%: {out['alloc_130']:.2f}%")
         print(f"  {out['placements_per_s']:.0f} placements/s; one placement p50 {out['p50_ms']:.3f} ms, "
               f"p99 {out['p99_ms']:.3f} ms (scheduler setup {out['setup_s']:.2f} s per seed, not counted)")
+        if n_times:
+            print(f"  naive best-fit (same tasks, {out['naive_seeds']} seeds): {out['naive_placements_per_s']:.0f}"
+                  f" placements/s, {out['naive_alloc_130']:.2f}% at 130%; the engine is {out['vs_naive']:.2f}x"
+                  f" as fast on those seeds")
     return 0
 
 
