@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from mtgpu.client.directlink import Tunnel
-from tests.support.laptop import remotegpu
+from tests.support.laptop import interruptible, remotegpu
 from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
@@ -65,12 +64,14 @@ def test_ctrl_c_ends_a_directlink_forward_promptly_with_a_connection_open_and_th
         proc, stopped, conn = None, False, None
         try:
             joined_behind_directlink(node, name, home)
-            proc = subprocess.Popen([sys.executable, "-m", "mtgpu.cli.remotegpu", "dashboard", "--print-url",
-                                     "--no-browser"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            proc = subprocess.Popen(interruptible("mtgpu.cli.remotegpu", "dashboard", "--print-url",
+                                                  "--no-browser"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env={**os.environ, "REMOTEGPU_HOME": str(home)}, cwd=REPO_ROOT)
             url = proc.stdout.readline().strip()
-            assert url.startswith("http://127.0.0.1:") and "/dashboard?token=" in url, \
-                (url, proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+            if not url:  # it ended without a link: say how
+                proc.wait(timeout=30)
+                raise AssertionError(f"remotegpu-cli dashboard ended ({proc.returncode}):\n{proc.stderr.read()}")
+            assert url.startswith("http://127.0.0.1:") and "/dashboard?token=" in url, url
             host, port = url.split("/")[2].split(":")
             # A connection through the forward, its request half sent: the member is then
             # stopped, so it never answers and the session hears nothing more.
@@ -121,9 +122,11 @@ def test_an_api_command_says_the_path_in_use_p2p_when_the_direct_path_is_up(tmp_
                 wait_for("a command that says p2p", p2p, timeout_s=90, interval_s=0.5)
             except AssertionError:
                 raise AssertionError(f"never p2p; the commands said: {said}") from None
-            r = remotegpu(home, "servers", "--live", "--json")
-            assert r.returncode == 0, r.stderr
-            [view] = json.loads(r.stdout)
+            def live_view():  # a server slower than the live view's bound (5 s) is listed as unreachable
+                r = remotegpu(home, "servers", "--live", "--json")
+                return json.loads(r.stdout)[0] if r.returncode == 0 else None
+            view = wait_for("servers --live to hear the node through DirectLink", live_view, timeout_s=90,
+                            interval_s=1.0)
             assert view["path"] in ("p2p", "relayed"), view
         finally:
             stop_node_and_remove_tenants(node, [name], UID_RANGE)

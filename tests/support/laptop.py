@@ -17,6 +17,19 @@ from pathlib import Path
 from .node import Node, wait_for
 
 
+# Python installs its Ctrl-C handler only where SIGINT is not ignored at start, and a suite
+# run in the background of a non-interactive shell (`nohup ... &`, `cmd &` in a script)
+# inherits it ignored: a test's Ctrl-C would then reach nothing. This sets it first.
+_CTRL_C_ABLE = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "del sys.argv[0]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def interruptible(module: str, *args: str) -> list[str]:
+    """The command line of `python -m module args` that a test's SIGINT (Ctrl-C) reaches
+    however the test itself was started."""
+    return [sys.executable, "-c", _CTRL_C_ABLE, module, *args]
+
+
 def remotegpu(home: Path, *args: str, **kw) -> subprocess.CompletedProcess:
     """remotegpu-cli of this checkout, with `home` as its REMOTEGPU_HOME."""
     return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=True,
