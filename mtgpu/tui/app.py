@@ -359,12 +359,12 @@ class RemoteGpuApp(App):
                 self.say("no node selected" if row is None else f"cluster {row.ref['cluster']} did not answer")
                 return
             entry = self.clusters[row.ref["cluster"]].entry
-            self.hand_over(CLI + ["ssh", row.ref["node"], "--server", entry["server"]], f"node {row.ref['node']}")
+            self.hand_over(CLI + ["ssh", "--server", entry["server"], row.ref["node"]], f"node {row.ref['node']}")
             return
         row = self._running_workspace()
         if row is not None:
             entry = self.clusters[row.ref["cluster"]].entry
-            self.hand_over(CLI + ["shell", row.ref["name"], "--server", entry["server"]],
+            self.hand_over(CLI + ["shell", "--server", entry["server"], row.ref["name"]],
                            f"workspace {row.ref['name']}")
 
     def hand_over(self, argv: list[str], what: str, then_wait: bool = False) -> None:
@@ -511,7 +511,7 @@ class RemoteGpuApp(App):
             cluster = self._cluster_for(cmd)
             node = cmd.options.get("node") or self._node_for(cluster)
             entry = self.clusters[cluster].entry
-            self.hand_over(CLI + ["ssh", node, "--server", entry["server"], "--", devcontainer_command(cmd)],
+            self.hand_over(CLI + ["ssh", "--server", entry["server"], node, "--", devcontainer_command(cmd)],
                            f"mt-container create on {node}", then_wait=True)
         elif cmd.name == "create":
             cluster = self._cluster_for(cmd)

@@ -36,7 +36,7 @@ describe("the programs the commands run", () => {
 
   it("passes remotegpu-cli the same folder the extension reads (--home)", () => {
     assert.deepEqual(cli.shellArgv("lab", "10.0.0.5:7070"),
-      { command: "/usr/local/bin/remotegpu-cli", args: ["--home", "/h/rg", "shell", "lab", "--server", "10.0.0.5:7070"] });
+      { command: "/usr/local/bin/remotegpu-cli", args: ["--home", "/h/rg", "shell", "--server", "10.0.0.5:7070", "lab"] });
     assert.deepEqual(cli.forwardArgv("lab", 8888, "10.0.0.5:7070").args,
       ["--home", "/h/rg", "forward", "lab", "8888", "--server", "10.0.0.5:7070"]);
     assert.deepEqual(new RemoteGpuCli({ cliPath: "remotegpu-cli" }).argv("ssh-config", "--json").args, ["ssh-config", "--json"]);

@@ -185,7 +185,7 @@ export class RemoteGpuCli {
 
   /** A terminal inside a workspace, on its node, in tmux (`remotegpu-cli shell WS`). */
   shellArgv(workspace: string, server: string): Argv {
-    return this.argv("shell", workspace, "--server", server);
+    return this.argv("shell", "--server", server, workspace);  // options first: after WS all is the command
   }
 
   /** A workspace's port on this computer's localhost until the terminal is closed. */
