@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -180,10 +181,12 @@ def test_a_scheduler_cut_off_alone_says_it_lost_the_majority_when_and_what_still
         row = own_row(sched)
         assert row["role"] == "scheduler (no majority)" and row["state"] == "degraded", row
         assert abs(row["standing"]["majority_lost_at"] - lost_at) < 0.1, (row, lost_at)
-        r = subprocess.run([PYTHON, "-m", "mtgpu.cli.admin", "nodes"], env={**sched.env_for(), "COLUMNS": "80"},
+        # (as on an 80-column terminal: TTY_COMPATIBLE=1 is rich's word for one; a pipe gets every cell whole)
+        r = subprocess.run([PYTHON, "-m", "mtgpu.cli.admin", "nodes"],
+                           env={**sched.env_for(), "COLUMNS": "80", "LINES": "24", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"},
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-        lines = r.stdout.splitlines()
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in r.stdout.splitlines()]
         assert max(len(line) for line in lines) <= 80, r.stdout
         head = next(line for line in lines if line.startswith(name + " "))
         assert "scheduler" in head and "degraded" in head and " up " not in head, r.stdout
