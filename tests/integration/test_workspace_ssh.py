@@ -143,7 +143,7 @@ def _filter_to(app, name: str) -> None:
     app.type(name)
     app.wait(f"{name} in the filter line", lambda s: _input_line(s) == name, timeout_s=10)
     app.keys("Enter")
-    app.wait(f"the view filtered to {name}", lambda s: f"filter: {name}\n" in s and _input_line(s) is None
+    app.wait(f"the view filtered to {name}", lambda s: re.search(rf"filter: {re.escape(name)}(\s|$)", s) and _input_line(s) is None
              and len([ln for ln in s.split("REASON", 1)[1].splitlines() if ln.startswith("lab-ws")]) == 1,
              timeout_s=10)
 
