@@ -338,8 +338,11 @@ def test_a_job_recorded_in_another_boot_was_killed_by_the_restart(runners, tenan
 def test_a_job_that_outlived_its_killed_shim_ends_with_its_own_status_recorded_by_its_keeper(runners, tenant):
     flag = Path(tenant.home) / f"flag-{secrets.token_hex(4)}"
     first = runners.new()
-    first.start(make_launch(runners, tenant, f"while [ ! -e {flag} ]; do sleep 0.05; done\nexit 3\n"))
-    state = wait_for("the job to start", lambda: (s := first.get_state(1)).get("job_pid") and s)
+    started = first.start(make_launch(runners, tenant, f"while [ ! -e {flag} ]; do sleep 0.05; done\nexit 3\n"))
+    # its processes run (started.json alone is written before the shim's go: a shim killed
+    # between the two leaves a job that never ran, which is not what this test is about)
+    wait_for("the job to run", lambda: marked_pids(1, started["run_token"]))
+    state = first.get_state(1)
     os.kill(state["shim_pid"], signal.SIGKILL)  # the supervisor dies, the job runs on
     first._runs[1].shim.wait(timeout=5)
     del first._runs[1]
