@@ -16,21 +16,11 @@ from __future__ import annotations
 
 import errno
 import os
-import pwd
 import sys
 
 from ..client.local import ClientError, LocalClient
+from ..ssh.wrapper import user_shell
 from .common import Col, err, fail, print_json, print_table, request, size
-
-
-def user_shell() -> str:
-    shell = os.environ.get("SHELL")
-    if not shell:
-        try:
-            shell = pwd.getpwuid(os.getuid()).pw_shell
-        except KeyError:
-            shell = None
-    return shell or "/bin/sh"
 
 
 def attach(job_id: int, command: list[str], hold: bool = False) -> None:

@@ -103,7 +103,8 @@ def _first_executable(preferred, candidates):
     return None
 
 
-def _user_shell():
+def user_shell():
+    """$SHELL, else the passwd entry's shell, else /bin/sh (also `mt-job attach`'s default command)."""
     shell = os.environ.get("SHELL")
     if not shell:
         try:
@@ -153,7 +154,7 @@ def _quote(word):
 
 def main(argv):
     opts = _parse_args(argv)
-    shell = _user_shell()
+    shell = user_shell()
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
     workspace = os.environ.get("MTGPU_WORKSPACE")
     job = os.environ.get("MTGPU_JOB")
