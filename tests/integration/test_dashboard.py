@@ -29,7 +29,7 @@ import pytest
 
 from mtgpu.client.remote import RemoteClient
 from tests.support.images import busybox_image, podman_missing
-from tests.support.laptop import interruptible, invite_and_join, remotegpu
+from tests.support.laptop import interruptible, invite_and_join, joined_behind_directlink, remotegpu
 from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
@@ -315,21 +315,7 @@ def test_through_directlink_the_link_is_a_local_forward_kept_until_ctrl_c(tmp_pa
                       DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
         proc = None
         try:
-            r = node.admin("tenant", "invite", name, "--json")
-            assert r.returncode == 0, r.stderr
-            r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}")
-            assert r.returncode == 0, r.stderr
-
-            def directlink_known() -> bool:  # the member's DirectLink id, in the cluster's state
-                r = remotegpu(home, "ssh-config", "--file", str(home / "ssh_config"))
-                assert r.returncode == 0, r.stderr
-                entry = json.loads((home / "servers.json").read_text())[0]
-                return bool(entry.get("directlink", {}).get("nodes"))
-            wait_for("the member's DirectLink id", directlink_known, timeout_s=30, interval_s=0.5)
-            servers = json.loads((home / "servers.json").read_text())
-            servers[0]["server"] = "127.0.0.1:9"  # nothing answers there: DirectLink it is
-            (home / "servers.json").write_text(json.dumps(servers))
-
+            joined_behind_directlink(node, name, home)
             proc = subprocess.Popen(interruptible("mtgpu.cli.remotegpu", "dashboard", "--print-url",
                                                   "--no-browser"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env={**os.environ, "REMOTEGPU_HOME": str(home)}, cwd=REPO_ROOT)

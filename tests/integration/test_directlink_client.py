@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from mtgpu.client.directlink import Tunnel
-from tests.support.laptop import interruptible, remotegpu
+from tests.support.laptop import interruptible, joined_behind_directlink, remotegpu
 from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
@@ -35,23 +35,6 @@ if can_create_users():
 
 UID_RANGE = (420000, 424999)  # its own: the accounts this node makes never meet another test's
 NOISE = ("Traceback", "Task was destroyed", "never retrieved", "Exception ignored")
-
-
-def joined_behind_directlink(node, name: str, home: Path) -> None:
-    """Join `node` from `home`, fetch its DirectLink details, then make its address dead."""
-    r = node.admin("tenant", "invite", name, "--json")
-    assert r.returncode == 0, r.stderr
-    r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}")
-    assert r.returncode == 0, r.stderr
-
-    def directlink_known() -> bool:  # the member's DirectLink id, in the cluster's state
-        r = remotegpu(home, "ssh-config", "--file", str(home / "ssh_config"))
-        assert r.returncode == 0, r.stderr
-        return bool(json.loads((home / "servers.json").read_text())[0].get("directlink", {}).get("nodes"))
-    wait_for("the member's DirectLink id", directlink_known, timeout_s=60, interval_s=0.5)
-    servers = json.loads((home / "servers.json").read_text())
-    servers[0]["server"] = "127.0.0.1:9"  # nothing answers there: DirectLink it is
-    (home / "servers.json").write_text(json.dumps(servers))
 
 
 def test_ctrl_c_ends_a_directlink_forward_promptly_with_a_connection_open_and_the_member_stopped(tmp_path):

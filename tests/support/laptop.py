@@ -52,3 +52,19 @@ def invite_and_join(node: Node, name: str, home: Path) -> pwd.struct_passwd:
     join(node, name, home)
     return wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(name).pw_dir)
                     and pwd.getpwnam(name), timeout_s=60)
+
+
+def joined_behind_directlink(node: Node, name: str, home: Path) -> None:
+    """join() from `home`, wait for the member's DirectLink details in the cluster's state
+    (`remotegpu-cli ssh-config` fetches them into servers.json), then make the node's
+    address there dead: the client reaches it through DirectLink only."""
+    join(node, name, home)
+
+    def directlink_known() -> bool:  # the member's DirectLink id, in the cluster's state
+        r = remotegpu(home, "ssh-config", "--file", str(home / "ssh_config"))
+        assert r.returncode == 0, r.stderr
+        return bool(json.loads((home / "servers.json").read_text())[0].get("directlink", {}).get("nodes"))
+    wait_for("the member's DirectLink id", directlink_known, timeout_s=60, interval_s=0.5)
+    servers = json.loads((home / "servers.json").read_text())
+    servers[0]["server"] = "127.0.0.1:9"  # nothing answers there: DirectLink it is
+    (home / "servers.json").write_text(json.dumps(servers))
