@@ -12,7 +12,6 @@ import json
 import os
 import pwd
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,18 +24,14 @@ import pytest
 from mtgpu.client.remote import RemoteClient
 from mtgpu.client.signing import generate_key_pair, load_private_key
 from mtgpu.directlink.identity import cluster_key, endpoint_id, issue
-from tests.support.dlmember import CLUSTER, client_env, member_behind_nat, remotegpu
+from tests.support.dlmember import CLUSTER, client_env, member_behind_nat, member_behind_nat_missing, remotegpu
 from tests.support.images import busybox_image, podman_missing
-from tests.support.natlab import NatLab, netlab_missing
+from tests.support.natlab import NatLab
 from tests.support.node import free_port, running_node, wait_for
-from tests.support.users import can_create_users, remove_tenant_accounts
+from tests.support.users import remove_tenant_accounts
 
-if os.geteuid() != 0 or netlab_missing():
-    pytest.skip(netlab_missing() or "network namespaces need root", allow_module_level=True)
-if can_create_users():
-    pytest.skip(can_create_users(), allow_module_level=True)
-if not (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")) or not shutil.which("ssh"):
-    pytest.skip("needs OpenSSH's sshd and ssh", allow_module_level=True)
+if member_behind_nat_missing():
+    pytest.skip(member_behind_nat_missing(), allow_module_level=True)
 
 UID_RANGE = (360000, 369999)  # its own range: the accounts this node makes never meet another test's
 

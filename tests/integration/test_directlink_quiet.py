@@ -8,23 +8,16 @@ is pending!", "Task exception was never retrieved" or "Exception ignored"."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 
 import pytest
 
-from tests.support.dlmember import client_env, member_behind_nat, remotegpu
-from tests.support.natlab import NatLab, netlab_missing
+from tests.support.dlmember import client_env, member_behind_nat, member_behind_nat_missing, remotegpu
+from tests.support.natlab import NatLab
 from tests.support.node import wait_for
-from tests.support.users import can_create_users
 
-if os.geteuid() != 0 or netlab_missing():
-    pytest.skip(netlab_missing() or "network namespaces need root", allow_module_level=True)
-if can_create_users():
-    pytest.skip(can_create_users(), allow_module_level=True)
-if not (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")) or not shutil.which("ssh"):
-    pytest.skip("needs OpenSSH's sshd and ssh", allow_module_level=True)
+if member_behind_nat_missing():
+    pytest.skip(member_behind_nat_missing(), allow_module_level=True)
 
 UID_RANGE = (430000, 434999)  # its own range: the accounts this node makes never meet another test's
 NOISE = ("Traceback", "Task was destroyed", "never retrieved", "Exception ignored")

@@ -6,24 +6,17 @@ new session works once the relay is back), and while the laptop changes its addr
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 
 import pytest
 
-from tests.support.dlmember import Terminal, client_env, member_behind_nat
-from tests.support.natlab import NatLab, netlab_missing
+from tests.support.dlmember import Terminal, client_env, member_behind_nat, member_behind_nat_missing
+from tests.support.natlab import NatLab
 from tests.support.node import wait_for
-from tests.support.users import can_create_users
 
-if os.geteuid() != 0 or netlab_missing():
-    pytest.skip(netlab_missing() or "network namespaces need root", allow_module_level=True)
-if can_create_users():
-    pytest.skip(can_create_users(), allow_module_level=True)
-if not (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")) or not shutil.which("ssh"):
-    pytest.skip("needs OpenSSH's sshd and ssh", allow_module_level=True)
+if member_behind_nat_missing():
+    pytest.skip(member_behind_nat_missing(), allow_module_level=True)
 
 UID_RANGE = (520000, 529999)  # its own range: the accounts this node makes never meet another test's
 

@@ -17,6 +17,7 @@ import json
 import os
 import queue
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -28,11 +29,23 @@ from typing import Iterator
 from mtgpu.directlink.identity import cluster_key, endpoint_id
 
 from .dllab import PORT, Proc
-from .natlab import NatLab
+from .natlab import NatLab, netlab_missing
 from .node import REPO_ROOT, Node, free_port, running_node, wait_for
-from .users import stop_node_and_remove_tenants
+from .users import can_create_users, stop_node_and_remove_tenants
 
 CLUSTER = "dl-lab"
+
+
+def member_behind_nat_missing() -> str | None:
+    """Why member_behind_nat() cannot run here (None: it can), for a module's skip: root
+    for the network namespaces, tenant accounts to create, OpenSSH's sshd and ssh."""
+    if os.geteuid() != 0 or netlab_missing():
+        return netlab_missing() or "network namespaces need root"
+    if can_create_users():
+        return can_create_users()
+    if not (shutil.which("sshd") or os.path.exists("/usr/sbin/sshd")) or not shutil.which("ssh"):
+        return "needs OpenSSH's sshd and ssh"
+    return None
 
 
 def client_env(home: Path) -> dict:
