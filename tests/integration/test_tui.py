@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import shutil
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +18,7 @@ from mtgpu.cli.remotegpu import LIVE_TIMEOUT_S, _client
 from mtgpu.tui.app import RemoteGpuApp
 from tests.support.laptop import invite_and_join, remotegpu
 from tests.support.node import running_node, wait_for
+from tests.support.pilot import until
 from tests.support.tmux import app_in_tmux
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
@@ -48,15 +48,6 @@ def laptop(tnode, tmp_path_factory):
     job = home / "sleep.sh"
     job.write_text("#!/bin/sh\n#MTGPU gpus=1\necho hello-from-the-job\nsleep 600\n")
     return SimpleNamespace(home=home, entries=json.loads((home / "servers.json").read_text()), job=job)
-
-
-async def until(pilot, what: str, check, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"waited {timeout_s} s for {what}")
 
 
 def lab_row(app, view: str, key: str):

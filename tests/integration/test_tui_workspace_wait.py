@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +19,7 @@ from mtgpu.tui.app import RemoteGpuApp
 from tests.support.images import busybox_image, podman_missing
 from tests.support.laptop import invite_and_join
 from tests.support.node import running_node
+from tests.support.pilot import until
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 if can_create_users() or podman_missing():
@@ -48,15 +48,6 @@ def laptop(wtnode, tmp_path_factory):
     return SimpleNamespace(home=home, entries=json.loads((home / "servers.json").read_text()), uid=pw.pw_uid)
 
 
-async def until(pilot, what: str, check, timeout_s: float = 180.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"waited {timeout_s} s for {what}")
-
-
 def _status(app) -> str:
     return str(app.query_one("#status").render())
 
@@ -78,7 +69,7 @@ def test_the_apps_create_and_start_wait_until_the_workspace_runs_or_say_why_not(
             await pilot.press("3")
             await command(pilot, "create template idle name=w1")
             await until(pilot, "the create to end", lambda: said.append(_status(app)) or " runs on " in _status(app)
-                        or "could not" in _status(app))
+                        or "could not" in _status(app), timeout_s=180.0)
             assert _status(app) == "workspace w1 runs on node-a (lab-tuiw)", (_status(app), said[-5:])
             ws = _workspace(wtnode, "w1")  # when the app says so, the node runs it
             assert ws["state"] == "running" and ws["workspace"]["container"], ws
@@ -86,7 +77,7 @@ def test_the_apps_create_and_start_wait_until_the_workspace_runs_or_say_why_not(
 
             await command(pilot, "create template broken name=w2")
             await until(pilot, "the broken one's verdict", lambda: "could not" in _status(app) or " runs on "
-                        in _status(app))
+                        in _status(app), timeout_s=180.0)
             assert _status(app).startswith("workspace w2 (job "), _status(app)
             assert "could not start: it is stopped" in _status(app), _status(app)
             notice = str(app.screen.query_one("#help-text").render())
@@ -94,11 +85,11 @@ def test_the_apps_create_and_start_wait_until_the_workspace_runs_or_say_why_not(
             await pilot.press("escape")
 
             await command(pilot, "stop w1")
-            await until(pilot, "w1 stopped", lambda: _workspace(wtnode, "w1")["state"] == "stopped")
+            await until(pilot, "w1 stopped", lambda: _workspace(wtnode, "w1")["state"] == "stopped", timeout_s=180.0)
             said.clear()
             await command(pilot, "start w1")
             await until(pilot, "the start to end", lambda: said.append(_status(app)) or " runs on " in _status(app)
-                        or "could not" in _status(app))
+                        or "could not" in _status(app), timeout_s=180.0)
             assert _status(app) == "workspace w1 runs on node-a (lab-tuiw)", (_status(app), said[-5:])
             assert _workspace(wtnode, "w1")["state"] == "running"
             assert any("waiting until it runs" in s for s in said), said
