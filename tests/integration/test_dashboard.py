@@ -29,7 +29,8 @@ import pytest
 
 from mtgpu.client.remote import RemoteClient
 from tests.support.images import busybox_image, podman_missing
-from tests.support.laptop import interruptible, invite_and_join, joined_behind_directlink, remotegpu
+from tests.support.laptop import (interruptible, invite_and_join, joined_behind_directlink, node_serving_its_relay,
+                                  remotegpu)
 from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
@@ -309,10 +310,7 @@ def test_through_directlink_the_link_is_a_local_forward_kept_until_ctrl_c(tmp_pa
     loopback), and the link it prints is a forward on 127.0.0.1 that it keeps open."""
     name = f"tl{os.getpid() % 10000}"
     home = tmp_path / "laptop"
-    relay_at = f"127.0.0.1:{free_port()}"
-    with running_node([], name="node-dl", CLUSTER_MODE="cluster", CLUSTER_ID="lab-dash-dl",
-                      SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(DL_UID_RANGE),
-                      DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
+    with node_serving_its_relay("node-dl", "lab-dash-dl", DL_UID_RANGE) as node:
         proc = None
         try:
             joined_behind_directlink(node, name, home)

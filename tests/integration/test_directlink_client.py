@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from mtgpu.client.directlink import Tunnel
-from tests.support.laptop import interruptible, joined_behind_directlink, remotegpu
-from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
+from tests.support.laptop import interruptible, joined_behind_directlink, node_serving_its_relay, remotegpu
+from tests.support.node import REPO_ROOT, wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 if can_create_users():
@@ -40,10 +40,7 @@ NOISE = ("Traceback", "Task was destroyed", "never retrieved", "Exception ignore
 def test_ctrl_c_ends_a_directlink_forward_promptly_with_a_connection_open_and_the_member_stopped(tmp_path):
     name = f"dc{os.getpid() % 10000}"
     home = tmp_path / "laptop"
-    relay_at = f"127.0.0.1:{free_port()}"
-    with running_node([], name="node-dc", CLUSTER_MODE="cluster", CLUSTER_ID="lab-dl-client",
-                      SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(UID_RANGE),
-                      DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
+    with node_serving_its_relay("node-dc", "lab-dl-client", UID_RANGE) as node:
         proc, stopped, conn = None, False, None
         try:
             joined_behind_directlink(node, name, home)
@@ -87,10 +84,7 @@ def test_ctrl_c_ends_a_directlink_forward_promptly_with_a_connection_open_and_th
 def test_an_api_command_says_the_path_in_use_p2p_when_the_direct_path_is_up(tmp_path):
     name = f"dp{os.getpid() % 10000}"
     home = tmp_path / "laptop"
-    relay_at = f"127.0.0.1:{free_port()}"
-    with running_node([], name="node-dp", CLUSTER_MODE="cluster", CLUSTER_ID="lab-dl-path",
-                      SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(UID_RANGE),
-                      DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
+    with node_serving_its_relay("node-dp", "lab-dl-path", UID_RANGE) as node:
         try:
             joined_behind_directlink(node, name, home)
             said = []
@@ -118,10 +112,7 @@ def test_an_api_command_says_the_path_in_use_p2p_when_the_direct_path_is_up(tmp_
 def test_a_tunnel_closed_while_the_member_does_not_answer_has_ended_when_close_returns(tmp_path):
     name = f"dt{os.getpid() % 10000}"
     home = tmp_path / "laptop"
-    relay_at = f"127.0.0.1:{free_port()}"
-    with running_node([], name="node-dt", CLUSTER_MODE="cluster", CLUSTER_ID="lab-dl-close",
-                      SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(UID_RANGE),
-                      DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
+    with node_serving_its_relay("node-dt", "lab-dl-close", UID_RANGE) as node:
         stopped, conn, tunnel = False, None, None
         try:
             joined_behind_directlink(node, name, home)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .node import Node, wait_for
+from .node import Node, free_port, running_node, wait_for
 
 
 # Python installs its Ctrl-C handler only where SIGINT is not ignored at start, and a suite
@@ -52,6 +52,15 @@ def invite_and_join(node: Node, name: str, home: Path) -> pwd.struct_passwd:
     join(node, name, home)
     return wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(name).pw_dir)
                     and pwd.getpwnam(name), timeout_s=60)
+
+
+def node_serving_its_relay(name: str, cluster_id: str, uid_range: tuple[int, int]):
+    """running_node() of a member (cluster of one, no GPU) that serves the DirectLink relay
+    itself on loopback, its tenant sshd too: for joined_behind_directlink()."""
+    relay_at = f"127.0.0.1:{free_port()}"
+    return running_node([], name=name, CLUSTER_MODE="cluster", CLUSTER_ID=cluster_id,
+                        SSH_LISTEN=f"127.0.0.1:{free_port()}", TENANT_UID_RANGE=list(uid_range),
+                        DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at})
 
 
 def joined_behind_directlink(node: Node, name: str, home: Path) -> None:
