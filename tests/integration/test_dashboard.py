@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,8 +28,8 @@ import pytest
 
 from mtgpu.client.remote import RemoteClient
 from tests.support.images import busybox_image, podman_missing
-from tests.support.laptop import (interruptible, invite_and_join, joined_behind_directlink, node_serving_its_relay,
-                                  remotegpu)
+from tests.support.laptop import (invite_and_join, joined_behind_directlink, node_serving_its_relay, printed_link,
+                                  remotegpu, running_dashboard)
 from tests.support.node import REPO_ROOT, free_port, running_node, wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
@@ -314,13 +313,8 @@ def test_through_directlink_the_link_is_a_local_forward_kept_until_ctrl_c(tmp_pa
         proc = None
         try:
             joined_behind_directlink(node, name, home)
-            proc = subprocess.Popen(interruptible("mtgpu.cli.remotegpu", "dashboard", "--print-url",
-                                                  "--no-browser"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env={**os.environ, "REMOTEGPU_HOME": str(home)}, cwd=REPO_ROOT)
-            url = proc.stdout.readline().strip()
-            if not url:  # it ended without a link: say how
-                proc.wait(timeout=30)
-                raise AssertionError(f"remotegpu-cli dashboard ended ({proc.returncode}):\n{proc.stderr.read()}")
+            proc = running_dashboard(home)
+            url = printed_link(proc)
             assert url.startswith("http://127.0.0.1:") and "/dashboard?token=" in url, url
             assert not url.startswith(f"http://127.0.0.1:{node.port}/"), "the link is the forward, not LISTEN"
             with httpx.Client(timeout=20, follow_redirects=True) as browser_like:

@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 from mtgpu.client.directlink import Tunnel
-from tests.support.laptop import interruptible, joined_behind_directlink, node_serving_its_relay, remotegpu
-from tests.support.node import REPO_ROOT, wait_for
+from tests.support.laptop import (joined_behind_directlink, node_serving_its_relay, printed_link, remotegpu,
+                                  running_dashboard)
+from tests.support.node import wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 if can_create_users():
@@ -44,13 +45,8 @@ def test_ctrl_c_ends_a_directlink_forward_promptly_with_a_connection_open_and_th
         proc, stopped, conn = None, False, None
         try:
             joined_behind_directlink(node, name, home)
-            proc = subprocess.Popen(interruptible("mtgpu.cli.remotegpu", "dashboard", "--print-url",
-                                                  "--no-browser"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env={**os.environ, "REMOTEGPU_HOME": str(home)}, cwd=REPO_ROOT)
-            url = proc.stdout.readline().strip()
-            if not url:  # it ended without a link: say how
-                proc.wait(timeout=30)
-                raise AssertionError(f"remotegpu-cli dashboard ended ({proc.returncode}):\n{proc.stderr.read()}")
+            proc = running_dashboard(home)
+            url = printed_link(proc)
             assert url.startswith("http://127.0.0.1:") and "/dashboard?token=" in url, url
             host, port = url.split("/")[2].split(":")
             # A connection through the forward, its request half sent: the member is then

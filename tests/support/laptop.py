@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .node import Node, free_port, running_node, wait_for
+from .node import REPO_ROOT, Node, free_port, running_node, wait_for
 
 
 # Python installs its Ctrl-C handler only where SIGINT is not ignored at start, and a suite
@@ -44,6 +44,24 @@ def join(node: Node, name: str, home: Path) -> dict:
     r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}", "--json")
     assert r.returncode == 0, r.stderr + node.server_log()[-2000:]
     return json.loads(r.stdout)
+
+
+def running_dashboard(home: Path) -> subprocess.Popen:
+    """`remotegpu-cli dashboard --print-url --no-browser` from `home`, left running (Ctrl-C
+    reaches it: interruptible()); the caller ends it. Its link: printed_link()."""
+    return subprocess.Popen(interruptible("mtgpu.cli.remotegpu", "dashboard", "--print-url", "--no-browser"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "REMOTEGPU_HOME": str(home)}, cwd=REPO_ROOT)
+
+
+def printed_link(proc: subprocess.Popen) -> str:
+    """The link running_dashboard()'s command printed; where it ended without one, an
+    AssertionError with how (its exit status and stderr)."""
+    url = proc.stdout.readline().strip()
+    if not url:  # it ended without a link: say how
+        proc.wait(timeout=30)
+        raise AssertionError(f"remotegpu-cli dashboard ended ({proc.returncode}):\n{proc.stderr.read()}")
+    return url
 
 
 def invite_and_join(node: Node, name: str, home: Path) -> pwd.struct_passwd:
