@@ -93,6 +93,17 @@ def cells(app, view):
     return [r.cells for r in app.table(view).shown()]
 
 
+@contextlib.asynccontextmanager
+async def on_the_workspace(client, size):
+    """The app on `client` in a terminal of `size`, on its workspaces view once the one
+    workspace is listed: (app, pilot)."""
+    app = app_with(client)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("3")
+        await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+        yield app, pilot
+
+
 def test_servers_view_shows_both_clusters_and_a_dead_one_as_unreachable():
     client = FakeClient([make_node("gpu1", gpus=2, util=10.0)], [make_job(5, nodes=("gpu1",))])
 
@@ -180,10 +191,7 @@ def test_what_is_not_available_says_so_instead_of_pretending():
     client = FakeClient([make_node()], [], [make_workspace("web", state="stopped")])
 
     async def go():
-        app = app_with(client)
-        async with app.run_test(size=(160, 40)) as pilot:
-            await pilot.press("3")
-            await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+        async with on_the_workspace(client, size=(160, 40)) as (app, pilot):
             status = app.query_one("#status")
             await pilot.press("v")
             assert "is stopped: start it first" in str(status.render())
@@ -208,10 +216,7 @@ def test_workspace_keys_and_create_command_call_the_api():
     client = FakeClient([make_node()], [], [make_workspace("web")])
 
     async def go():
-        app = app_with(client)
-        async with app.run_test(size=(160, 40)) as pilot:
-            await pilot.press("3")
-            await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+        async with on_the_workspace(client, size=(160, 40)) as (app, pilot):
             await pilot.press("x")
             await until(pilot, "the stop", lambda: client.calls == [("stop", "web")])
             await pilot.press("d", "y")
@@ -245,10 +250,7 @@ def test_create_waits_until_the_workspace_runs_as_mt_container_does(quick_waits)
         make_workspace("w2", container="mtgpu-ws99")]
 
     async def go():
-        app = app_with(client)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.press("3")
-            await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+        async with on_the_workspace(client, size=(80, 24)) as (app, pilot):
             await pilot.press("n", *"web name=w2", "enter")
             await until(pilot, "the creation", lambda: ("create", {"template": "web", "name": "w2"}) in client.calls)
             await until(pilot, "the wait", lambda: "waiting until it runs" in status_of(app))
@@ -265,10 +267,7 @@ def test_a_workspace_that_stays_queued_says_why_and_keeps_its_place(quick_waits)
     client.looks["web"] = [queued]
 
     async def go():
-        app = app_with(client)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.press("3")
-            await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+        async with on_the_workspace(client, size=(80, 24)) as (app, pilot):
             await pilot.press("s")
             await until(pilot, "the start", lambda: ("start", "web") in client.calls)
             await until(pilot, "the verdict", lambda: "keeps its place" in status_of(app))
@@ -284,10 +283,7 @@ def test_a_start_that_stops_instead_says_why_with_the_end_of_its_output(quick_wa
     client.log[99] = b"starting\n/bin/sh: jupyter: not found\n"
 
     async def go():
-        app = app_with(client)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.press("3")
-            await until(pilot, "the workspace", lambda: len(cells(app, "workspaces")) == 1)
+        async with on_the_workspace(client, size=(80, 24)) as (app, pilot):
             await pilot.press("s")
             await until(pilot, "the failure", lambda: "could not start" in status_of(app))
             assert status_of(app).startswith("workspace web (job 99) could not start: it is stopped"), status_of(app)
