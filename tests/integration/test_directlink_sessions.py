@@ -49,8 +49,7 @@ def test_a_direct_session_outlives_the_relay_and_new_sessions_work_once_it_is_ba
     term = Terminal(site)
     try:
         term.echo("before")
-        wait_for("the terminal's direct path", lambda: "remotegpu: path direct\n" in term.err, timeout_s=60,
-                 interval_s=0.5)
+        term.wait_direct()
         site.stop_relay()
         for i in range(5):  # over several seconds: the member saw its relay go and kept the session
             term.echo(f"relay-gone-{i}")
@@ -72,8 +71,7 @@ def test_a_laptop_that_changes_its_address_keeps_its_ssh_session(site):
     term = Terminal(site)
     try:
         term.echo("before-the-move")
-        wait_for("the terminal's direct path", lambda: "remotegpu: path direct\n" in term.err, timeout_s=60,
-                 interval_s=0.5)
+        term.wait_direct()
         site.lab.move_host("b")
         stall = term.echo("after-the-move", timeout_s=90)
         print(f"the first line after the address change came back after {stall:.2f} s")

@@ -165,6 +165,11 @@ class Terminal:
         assert got == text.encode() + b"\n", (got, text)
         return time.monotonic() - t0
 
+    def wait_direct(self) -> None:
+        """Wait until the session's proxy says it took the direct path (not the relay)."""
+        wait_for("the terminal's direct path", lambda: "remotegpu: path direct\n" in self.err, timeout_s=60,
+                 interval_s=0.5)
+
     def close(self) -> None:
         if self.p.poll() is None:
             self.p.kill()  # the ssh process group only: it is this test's
