@@ -152,6 +152,17 @@ def _quote(word):
     return word if re.match(r"^[A-Za-z0-9_./=:-]+$", word) else "'" + word.replace("'", "'\\''") + "'"
 
 
+def _terminal(opts):
+    """terminal_choice() for this login (its terminal, the tenant's choice, PERSISTENT_TERMINALS):
+    (use_tmux, session); a warning it gives goes to stderr."""
+    has_tty = os.isatty(0) and os.isatty(1)
+    use_tmux, session, warning = terminal_choice(
+        opts["terminals"], os.environ.get("MTGPU_TERMINAL"), os.environ.get("HOME"), has_tty)
+    if warning:
+        sys.stderr.write(warning + "\n")
+    return use_tmux, session
+
+
 def main(argv):
     opts = _parse_args(argv)
     shell = user_shell()
@@ -162,11 +173,7 @@ def main(argv):
         sys.stderr.write("mtgpu: set MTGPU_WORKSPACE or MTGPU_JOB, not both: a session lands in one reservation\n")
         return 2
     if job and not (command or "").startswith("internal-sftp"):
-        has_tty = os.isatty(0) and os.isatty(1)
-        use_tmux, session, warning = terminal_choice(
-            opts["terminals"], os.environ.get("MTGPU_TERMINAL"), os.environ.get("HOME"), has_tty)
-        if warning:
-            sys.stderr.write(warning + "\n")
+        use_tmux, session = _terminal(opts)
         if os.environ.get("MTGPU_PKG_ROOT"):
             os.environ["PYTHONPATH"] = os.environ["MTGPU_PKG_ROOT"]
         target = job_argv(job, command, use_tmux, _first_executable(opts["tmux"], TMUX_CANDIDATES), session, shell)
@@ -175,11 +182,7 @@ def main(argv):
             return 2
         os.execv(target[0], target)
     if workspace and not (command or "").startswith("internal-sftp"):
-        has_tty = os.isatty(0) and os.isatty(1)
-        use_tmux, session, warning = terminal_choice(
-            opts["terminals"], os.environ.get("MTGPU_TERMINAL"), os.environ.get("HOME"), has_tty)
-        if warning:
-            sys.stderr.write(warning + "\n")
+        use_tmux, session = _terminal(opts)
         target = workspace_argv(workspace, command, use_tmux, _first_executable(opts["tmux"], TMUX_CANDIDATES),
                                 session)
         if target is None:
@@ -200,11 +203,7 @@ def main(argv):
         # Exactly what sshd does without a ForceCommand: the user's shell runs it.
         os.execv(shell, [os.path.basename(shell), "-c", command])
 
-    has_tty = os.isatty(0) and os.isatty(1)
-    use_tmux, session, warning = terminal_choice(
-        opts["terminals"], os.environ.get("MTGPU_TERMINAL"), os.environ.get("HOME"), has_tty)
-    if warning:
-        sys.stderr.write(warning + "\n")
+    use_tmux, session = _terminal(opts)
     if use_tmux:
         tmux = _first_executable(opts["tmux"], TMUX_CANDIDATES)
         if tmux is not None:
