@@ -199,7 +199,7 @@ def test_what_is_not_available_says_so_instead_of_pretending():
             assert "is stopped: start it first" in str(status.render())
             await pilot.press("colon", *"create devcontainer ~/proj", "enter")  # Pilot's terminal cannot be handed over
             said = str(status.render())
-            assert "cannot hand itself over: run remotegpu-cli ssh node-a --server" in said, said
+            assert "cannot hand itself over: run remotegpu-cli ssh --server" in said, said
             assert said.endswith("-- 'mt-container create --devcontainer proj' yourself"), said
             await pilot.press("colon", *"frob", "enter")
             assert "no command 'frob'" in str(status.render())
