@@ -12,7 +12,7 @@ import { after, before, describe, it } from "node:test";
 
 import {
   ApiClient, ApiError, ClusterWatcher, configDir, hostAlias, jobRows, loadPrivateKey, publicLineOf, readServers,
-  RemoteGpuCli, serverRows, serversPath, signHeaders, sshFolderUri, uriString, workspaceRows,
+  RemoteGpuCli, serverRows, serversPath, signHeaders, sshFolderUri, TUNNEL_TIMEOUT_MS, uriString, workspaceRows,
 } from "../out/core.mjs";
 import { CLI, realNodeMissing, run, startRealNode, waitFor } from "./support.mjs";
 
@@ -246,6 +246,8 @@ describe("against a real mtgpu-server", { skip: missing ?? false }, () => {
       // The commands' client goes the same way.
       const c = await watcher.client(copy[0]);
       assert.equal((await c.me()).name, node.tenant);
+      // ... and waits for its answers as long as the relay's hops may take, not the direct 5 s.
+      assert.equal(c.opts.timeoutMs, TUNNEL_TIMEOUT_MS);
     } finally {
       watcher.close();
     }

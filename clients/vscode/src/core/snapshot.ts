@@ -42,6 +42,8 @@ interface CachedKey {
 
 export interface WatcherOptions {
   serversFile: string;
+  /** How long a request waits for its answer (5 s); through a DirectLink tunnel at least 20 s, the relay's hops
+   * and the node's opening of a stream for each request added. */
   timeoutMs?: number;
   /** How long a server without a remote /v1/nodes route is not asked again. */
   nodesRetryMs?: number;
@@ -49,6 +51,9 @@ export interface WatcherOptions {
   /** Opens a DirectLink tunnel to a server that does not answer directly (RemoteGpuCli.tunnel). */
   openTunnel?: (server: string) => Promise<Tunnel>;
 }
+
+/** The least wait for an answer through a DirectLink tunnel (a loaded machine took more than 5 s for the first). */
+export const TUNNEL_TIMEOUT_MS = 20000;
 
 function strip(state: ServerState & { unreachable?: boolean }): ServerState {
   delete state.unreachable;
@@ -86,8 +91,10 @@ export class ClusterWatcher {
   /** A client of the entry's server: through its DirectLink tunnel when one was opened for it. */
   async client(entry: ServerEntry, onStale?: (why: string) => void): Promise<ApiClient> {
     const tunnel = await this.liveTunnel(entry.server);
+    const timeoutMs = this.o.timeoutMs ?? 5000;
     return new ApiClient({ server: entry.server, tenant: entry.tenant, key: await this.key(entry),
-                           timeoutMs: this.o.timeoutMs ?? 5000, onStale, via: tunnel?.address });
+                           timeoutMs: tunnel ? Math.max(timeoutMs, TUNNEL_TIMEOUT_MS) : timeoutMs, onStale,
+                           via: tunnel?.address });
   }
 
   private async liveTunnel(server: string): Promise<Tunnel | undefined> {
