@@ -182,6 +182,9 @@ class Tunnel:
         self._error: Exception | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._closing = False
+        self._redial: asyncio.Lock | None = None
+        self.last_error = ""  # why the last connection could not be served ("" while all were)
+        self.redials = 0      # sessions dialled again after one ended or stopped answering
 
     @property
     def path(self) -> str:
@@ -233,14 +236,14 @@ class Tunnel:
 
     async def _open(self) -> None:
         from ..directlink.services import pipe
+        self._redial = asyncio.Lock()
         self._endpoint, self.session = await connect(self.info, self.key_path, self.node, key=self.key)
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self._writers.add(writer)
             try:
-                try:
-                    stream = await open_service(self.session, self.svc)
-                except (ServiceRefused, SessionError):
+                stream = await self._stream()
+                if stream is None:
                     writer.close()
                     return
                 await pipe(stream, reader, writer)
@@ -249,6 +252,49 @@ class Tunnel:
 
         self._server = await asyncio.start_server(handle, "127.0.0.1", 0)
         self.address = self._server.sockets[0].getsockname()[:2]
+
+    async def _stream(self):
+        """A stream to the node's service for one connection, or None (the reason in
+        `last_error`). A session that ended (the member restarted, the relay dropped it, a
+        path timed out) or that no longer answers is dialled again once, so a tunnel that
+        stays open (the VS Code extension's) outlives it; a refusal by the node is final."""
+        session = self.session
+        for attempt in (1, 2):
+            try:
+                if not session.closed.is_set():
+                    stream = await open_service(session, self.svc)
+                    self.last_error = ""
+                    return stream
+                self.last_error = f"the session had ended: {session.why}"
+            except ServiceRefused as e:
+                self.last_error = f"{self.node} refused {self.svc}: {e}"
+                if not str(e).startswith("the node did not answer") and not session.closed.is_set():
+                    return None  # the node said no: a new session would hear the same
+            except SessionError as e:
+                self.last_error = f"the session ended: {e}"
+            if attempt == 2 or self._closing:
+                return None
+            session = await self._dial_again(session)
+            if session is None:
+                return None
+        return None
+
+    async def _dial_again(self, broken):
+        """A new session in place of `broken` (one dial for all the connections that saw it
+        fail), or None with the reason in `last_error`."""
+        async with self._redial:
+            if self.session is not broken and not self.session.closed.is_set():
+                return self.session  # another connection dialled already
+            old = self._endpoint
+            try:
+                self._endpoint, self.session = await connect(self.info, self.key_path, self.node, key=self.key)
+            except (ClientError, OSError, asyncio.TimeoutError) as e:
+                self.last_error += f"; dialling again failed: {e}"
+                return None
+            self.redials += 1
+            if old is not None:
+                asyncio.ensure_future(close_endpoint(old))
+            return self.session
 
     async def _shut(self) -> None:
         """Stop taking connections, cut the open ones, close the endpoint (bounded: a peer

@@ -10,6 +10,9 @@
 - The path an API command says it uses is the one in use: on loopback the direct path
   comes up, and the command says "p2p", as `servers --live` does (it said "relayed"
   always, taken before the direct path had a moment to come up).
+- A tunnel that stays open (the VS Code extension keeps one) outlives its session: the
+  member restarts, the session ends, and the next connection through the same tunnel is
+  answered by a session dialled again.
 """
 
 from __future__ import annotations
@@ -126,7 +129,10 @@ def test_a_tunnel_closed_while_the_member_does_not_answer_has_ended_when_close_r
                 while len(got) < 12 and (part := conn.recv(12 - len(got))):
                     got += part
                 return got.startswith(b"HTTP/1.1 200")
-            wait_for("the forward to answer before the member is stopped", answered, timeout_s=60, interval_s=0.5)
+            try:
+                wait_for("the forward to answer before the member is stopped", answered, timeout_s=60, interval_s=0.5)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; the tunnel said: {tunnel.last_error!r}\n{node.server_log()}") from None
             os.kill(node.proc.pid, signal.SIGSTOP)  # the member (and the relay it serves) answers nothing now
             stopped = True
             tunnel.close()
@@ -145,4 +151,43 @@ def test_a_tunnel_closed_while_the_member_does_not_answer_has_ended_when_close_r
                 conn.close()
             if stopped:
                 os.kill(node.proc.pid, signal.SIGCONT)
+            stop_node_and_remove_tenants(node, [name], UID_RANGE)
+
+
+def test_a_tunnel_that_stays_open_dials_again_after_the_member_restarts(tmp_path):
+    name = f"dr{os.getpid() % 10000}"
+    home = tmp_path / "laptop"
+    with node_serving_its_relay("node-dr", "lab-dl-redial", UID_RANGE) as node:
+        tunnel = None
+        try:
+            joined_behind_directlink(node, name, home)
+            entry = json.loads((home / "servers.json").read_text())[0]
+            tunnel = Tunnel(entry["directlink"], Path(entry["key"]), entry["node"])
+            host, port = tunnel.start()
+
+            def answered() -> bool:
+                with socket.create_connection((host, port), timeout=30) as conn:
+                    conn.sendall(b"GET /v1/info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    got = b""
+                    while len(got) < 12 and (part := conn.recv(12 - len(got))):
+                        got += part
+                    return got.startswith(b"HTTP/1.1 200")
+
+            def why() -> str:
+                return f"the tunnel said: {tunnel.last_error!r}\n{node.server_log()}"
+            assert wait_for("the forward to answer", answered, timeout_s=60, interval_s=0.5), why()
+            first = tunnel.session
+            # The member and the relay it serves go; the session with it is stale (the first
+            # connection after the restart waits for its stream, up to open_service's 15 s).
+            node.terminate()
+            node.start(timeout_s=120)
+            try:
+                wait_for("the same tunnel to answer through a new session", answered, timeout_s=90, interval_s=1.0)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; {why()}") from None
+            assert tunnel.session is not first and tunnel.redials >= 1, (tunnel.redials, why())
+            assert first.closed.is_set()
+        finally:
+            if tunnel is not None:
+                tunnel.close()
             stop_node_and_remove_tenants(node, [name], UID_RANGE)
