@@ -2,15 +2,16 @@
 # Install mtgpu with its test tools, then run the whole test suite (as root: the
 # tests create Linux users, cgroups and real server processes, and remove them).
 #
-# With no arguments the integration tests, which mostly wait on real processes, run in two
+# With no arguments the integration tests, which mostly wait on real processes, run in three
 # pytest processes side by side: the cluster ones (Raft, partitions, clock jumps, DirectLink
-# through NAT labs) with the others that start no container (CLUSTER_TESTS below), and all the
-# others (the Podman ones). Every test keeps to its own uid
-# range, ports, namespaces, chains and STATE_DIR-keyed names, so the two never meet. Beside
-# them, at a lower CPU priority (they are CPU-bound and wait for nothing), the unit tests
-# and the VS Code extension's checks (clients/vscode/ci.sh: npm ci, type-check, node --test
-# against a real node, vsce package). Each part's output is printed whole, one after the
-# other. With arguments: one pytest with them.
+# through NAT labs) with the others that start no container (CLUSTER_TESTS below), the
+# workspace and DirectLink-member ones (WORKSPACE_TESTS: Podman workspaces, devcontainers,
+# tunnels), and all the others (jobs in containers, isolation, install, the CLI). Every test
+# keeps to its own uid range, ports, namespaces, chains and STATE_DIR-keyed names, so they
+# never meet. Beside them, at a lower CPU priority (they are CPU-bound and wait for nothing),
+# the unit tests and the VS Code extension's checks (clients/vscode/ci.sh: npm ci,
+# type-check, node --test against a real node, vsce package). Each part's output is printed
+# whole, one after the other. With arguments: one pytest with them.
 #
 # MTGPU_TEST_LOAD=N runs N CPU-spinning processes beside it all (bench/hog.py: bounded to an
 # hour, killed by pid when this script ends), so the suite is shown to pass on a busy machine.
@@ -57,18 +58,24 @@ if [ $# -gt 0 ]; then
   exit $rc
 fi
 
-# (test_directlink_member runs a Podman workspace: it stays with the other Podman tests)
 CLUSTER_TESTS=(test_cluster test_busy_members test_partitions test_clock_jump test_raft_roles test_startup_faults
                test_directlink_cluster test_directlink_nat test_directlink_admin test_queue_order test_fuzz
-               # and the ones that start no container, so that the two parts take about as long
-               # (the Podman ones, about 12 minutes of the 14 on 2 cores, stay together)
+               # and the ones that start no container, so that the parts take about as long
                test_native_runner test_ssh_terminals test_accounts test_tenants test_logs test_metrics
                test_storage test_supervisor_death test_tui test_usage test_report_protocol)
+# the Podman workspaces and the DirectLink tests that reach a member's workspace or sshd
+WORKSPACE_TESTS=(test_workspaces test_devcontainer_templates test_workspace_mounts test_workspace_ssh
+                 test_workspace_lifecycle test_node_files_sealed test_tui_workspace_wait test_container_registry
+                 test_directlink_member test_directlink_sessions test_directlink_client test_directlink_quiet
+                 test_directlink_join)
 cluster_files=()
+workspace_files=()
 other_files=()
 for f in tests/integration/test_*.py; do
   name=$(basename "$f" .py)
-  if [[ " ${CLUSTER_TESTS[*]} " == *" $name "* ]]; then cluster_files+=("$f"); else other_files+=("$f"); fi
+  if [[ " ${CLUSTER_TESTS[*]} " == *" $name "* ]]; then cluster_files+=("$f")
+  elif [[ " ${WORKSPACE_TESTS[*]} " == *" $name "* ]]; then workspace_files+=("$f")
+  else other_files+=("$f"); fi
 done
 
 out=$(mktemp -d)
@@ -78,10 +85,14 @@ MTGPU_VENV="$VENV" nice -n 10 bash clients/vscode/ci.sh > "$out/vscode.log" 2>&1
 vscode_pid=$!
 "${PYTEST[@]}" --durations=15 "${cluster_files[@]}" > "$out/cluster.log" 2>&1 &
 cluster_pid=$!
-"${PYTEST[@]}" --durations=20 "${other_files[@]}"
+"${PYTEST[@]}" --durations=15 "${workspace_files[@]}" > "$out/workspace.log" 2>&1 &
+workspace_pid=$!
+"${PYTEST[@]}" --durations=15 "${other_files[@]}"
 other_rc=$?
 wait "$cluster_pid"
 cluster_rc=$?
+wait "$workspace_pid"
+workspace_rc=$?
 wait "$vscode_pid"
 vscode_rc=$?
 wait "$unit_pid"
@@ -91,16 +102,20 @@ echo
 echo "---- the cluster integration tests and the others without containers (${CLUSTER_TESTS[*]}), run beside the Podman ones ----"
 cat "$out/cluster.log"
 echo
+echo "---- the workspace and DirectLink-member integration tests (${WORKSPACE_TESTS[*]}), run beside the others ----"
+cat "$out/workspace.log"
+echo
 echo "---- the VS Code extension (clients/vscode/ci.sh, run beside the integration tests) ----"
 cat "$out/vscode.log"
 echo
 echo "---- unit tests (run beside the integration tests) ----"
 cat "$out/unit.log"
 set -e
-if [ $other_rc -eq 5 ] || [ $cluster_rc -eq 5 ] || [ $unit_rc -eq 5 ]; then
+if [ $other_rc -eq 5 ] || [ $cluster_rc -eq 5 ] || [ $workspace_rc -eq 5 ] || [ $unit_rc -eq 5 ]; then
   no_tests
 fi
-[ $other_rc -eq 0 ] && [ $cluster_rc -eq 0 ] && [ $unit_rc -eq 0 ] && [ $vscode_rc -eq 0 ] && exit 0
-echo "failed: integration tests exit $other_rc, cluster integration tests exit $cluster_rc, unit tests exit $unit_rc," \
+[ $other_rc -eq 0 ] && [ $cluster_rc -eq 0 ] && [ $workspace_rc -eq 0 ] && [ $unit_rc -eq 0 ] && [ $vscode_rc -eq 0 ] && exit 0
+echo "failed: integration tests exit $other_rc, cluster integration tests exit $cluster_rc," \
+     "workspace integration tests exit $workspace_rc, unit tests exit $unit_rc," \
      "VS Code extension exit $vscode_rc" >&2
 exit 1
