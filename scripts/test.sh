@@ -60,9 +60,10 @@ fi
 
 CLUSTER_TESTS=(test_cluster test_busy_members test_partitions test_clock_jump test_raft_roles test_startup_faults
                test_directlink_cluster test_directlink_nat test_directlink_admin test_queue_order test_fuzz
-               # and the ones that start no container, so that the parts take about as long
-               test_native_runner test_ssh_terminals test_accounts test_tenants test_logs test_metrics
-               test_storage test_supervisor_death test_tui test_usage test_report_protocol)
+               # and some that start no container, so that the three parts take about as long
+               # (on 2 cores, 2026-12-03: about 10 minutes each)
+               test_tenants test_logs test_metrics test_storage test_supervisor_death test_tui test_usage
+               test_report_protocol)
 # the Podman workspaces and the DirectLink tests that reach a member's workspace or sshd
 WORKSPACE_TESTS=(test_workspaces test_devcontainer_templates test_workspace_mounts test_workspace_ssh
                  test_workspace_lifecycle test_node_files_sealed test_tui_workspace_wait test_container_registry
