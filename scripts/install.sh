@@ -45,7 +45,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   /usr/bin/python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q ".$EXTRA"
+# the client distribution (clients/python: remotegpu-cli and what it imports) and the server, which
+# depends on it; the client once more alone: an mtgpu from before the split owned the client's files
+# too, and pip removes them when it replaces that one, after it installed the client
+"$VENV/bin/python" -m pip install -q ./clients/python ".$EXTRA"
+"$VENV/bin/python" -m pip install -q --no-deps --force-reinstall ./clients/python
 # the devcontainer.json reference for tests/integration/test_devcontainer_reference.py (Node >= 20;
 # Debian 12's own nodejs is 18: then that test says it is skipped and why)
 if [ -n "$EXTRA" ] && command -v npm >/dev/null && node -e 'process.exit(parseInt(process.versions.node) >= 20 ? 0 : 1)'; then

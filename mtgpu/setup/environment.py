@@ -141,9 +141,10 @@ def tenant_blocker(path: Path) -> tuple[Path, str] | None:
     return None
 
 
+# the commands: the server distribution's and the client's (remotegpu-cli, mtgpu-client's since the split)
 _PROBE = ("import importlib.metadata as m, json; d = m.distribution('mtgpu'); "
-          "print(json.dumps({'version': d.version, "
-          "'scripts': sorted(e.name for e in d.entry_points if e.group == 'console_scripts')}))")
+          "print(json.dumps({'version': d.version, 'scripts': sorted(e.name for e in "
+          "m.entry_points(group='console_scripts') if e.dist and e.dist.name in ('mtgpu', 'mtgpu-client'))}))")
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,13 @@ class Environment:
         if not (self.venv / "bin" / "python").exists():
             self._run([str(self.python), "-m", "venv", str(self.venv)])
             made = True
-        self._run([str(self.venv / "bin" / "python"), "-m", "pip", "install", "-q", str(self.source)])
+        pip = [str(self.venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+        client = str(self.source / "clients" / "python")
+        # the client distribution (remotegpu-cli and what it imports) and the server, which depends
+        # on it; the client once more alone: an mtgpu from before the split owned the client's files
+        # too, and pip removes them when it replaces that one, after it installed the client
+        self._run(pip + [client, str(self.source)])
+        self._run(pip + ["--no-deps", "--force-reinstall", client])
         # tenants run the CLIs (mt-job, mt-container) from here
         for dirpath, dirnames, filenames in os.walk(self.venv):
             for name in dirnames + filenames:
