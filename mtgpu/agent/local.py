@@ -170,6 +170,15 @@ class LocalAgent:
             started = dict(self._started)
         return {j: LocalRun(j, a, self.runner.poll(j), started.get(j)) for j, a in candidates.items()}
 
+    def terminate(self, job_id: int) -> None:
+        """SIGTERM a run and return at once (preemption: it may end by itself; stop() ends it)."""
+        with self._lock:
+            if job_id not in self._active or job_id in self._stopping:
+                return
+        terminate = getattr(self.runner, "terminate", None)
+        if terminate is not None:
+            terminate(job_id)
+
     def stop(self, job_id: int, grace_s: float = 3.0) -> None:
         """Stop a run; it stays known (ended, `stopped`) until forget()."""
         with self._lock:

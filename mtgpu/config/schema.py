@@ -345,6 +345,43 @@ class GpuPolicyConfig(BaseModel):
         return parse_duration(self.vram_grace)
 
 
+def _duration_in(key: str, low: float, high: float, span: str, what: str):
+    def check(value: str) -> str:
+        try:
+            seconds = parse_duration(value)
+        except UnitError as e:
+            raise _bad(f"{key} = {value!r}: {e}; give a duration such as \"30s\"") from None
+        if not low <= seconds <= high:
+            raise _bad(f"{key} = {value!r}: give {span} ({what})")
+        return value
+    return check
+
+
+class PreemptionConfig(BaseModel):
+    """`[PREEMPTION]`: guaranteed jobs stop opportunistic (`gpu-mode=oversubscribe`) ones
+    that are in their way (docs/SCHEDULING.md "Preemption"). Read by the scheduler."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, strict=True, description="whether a guaranteed job that fits nowhere may stop "
+                                                          "opportunistic jobs to fit (Slurm's PreemptMode=REQUEUE)")
+    grace: Annotated[str, AfterValidator(_duration_in("grace", 1, 3600, "1s to 1h", "from SIGTERM to SIGKILL"))] = Field(
+        "30s", description="a preempted job gets SIGTERM, then SIGKILL after this long (time to checkpoint)")
+    max_per_window: int = Field(3, ge=1, le=1000, strict=True,
+                                description="a job preempted this many times within `window` is not chosen again "
+                                            "until the oldest of those leaves the window")
+    window: Annotated[str, AfterValidator(_duration_in("window", 60, 7 * 86400, "1m to 7d", "the preemption count's window"))] = \
+        Field("1h", description="see max_per_window")
+
+    @property
+    def grace_s(self) -> float:
+        return parse_duration(self.grace)
+
+    @property
+    def window_s(self) -> float:
+        return parse_duration(self.window)
+
+
 class SimulatedGpu(BaseModel):
     """One `[[SIMULATED_GPUS]]` entry: `count` identical GPUs the simulated backend reports."""
 
@@ -561,6 +598,8 @@ class Config(BaseModel):
                                    description="who may scrape GET /metrics on LISTEN, and tenant labels")
     GPU_POLICY: GpuPolicyConfig = Field(default_factory=GpuPolicyConfig,
                                         description="what is done to a shared-mode job above its VRAM reservation")
+    PREEMPTION: PreemptionConfig = Field(default_factory=PreemptionConfig,
+                                         description="when guaranteed jobs stop opportunistic ones in their way")
     SIMULATED_GPUS: list[SimulatedGpu] = Field(
         default_factory=list, description="the GPUs the simulated backend reports; none is a CPU-only node"
     )

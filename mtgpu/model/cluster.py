@@ -66,6 +66,12 @@ class RunningAlloc:
     job_id: int
     allocations: tuple[NodeAllocation, ...] = ()
     ends_at: float | None = None
+    # Preemption (docs/SCHEDULING.md): an opportunistic job the scheduler may stop for a
+    # guaranteed one now (the server decides: oversubscribed slots only, one node, not a
+    # workspace, not preempted too often lately); the queued job one stops for; its start
+    started_at: float = 0.0
+    preemptible: bool = False
+    preempting_for: int | None = None
 
 
 @dataclass(slots=True)
@@ -103,6 +109,15 @@ class Placement:
     allocations: tuple[NodeAllocation, ...]  # one per rank; rank = position
 
 
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop the running opportunistic job `victim` so that the queued `for_job` fits on `node`."""
+
+    victim: int
+    for_job: int
+    node: str
+
+
 @dataclass(slots=True)
 class Plan:
     placements: list[Placement] = field(default_factory=list)
@@ -110,6 +125,7 @@ class Plan:
     pending: dict[int, str] = field(default_factory=dict)
     # job id -> why it can never run on this cluster
     rejected: dict[int, str] = field(default_factory=dict)
+    preemptions: list[Preemption] = field(default_factory=list)
 
 
 __all__ = [
@@ -121,6 +137,7 @@ __all__ = [
     "PendingJob",
     "Placement",
     "Plan",
+    "Preemption",
     "RunningAlloc",
     "TenantUsage",
 ]

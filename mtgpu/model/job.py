@@ -235,6 +235,11 @@ class Job:
     submit_key: str = ""
     # once final: what it used (model/usage.py JobUsage.to_dict(), docs/ACCOUNTING.md)
     usage: dict | None = None
+    # an opportunistic job a guaranteed one preempts (docs/SCHEDULING.md "Preemption"): while
+    # it stops, {"by": job id, "at": when, "grace_s": SIGTERM to SIGKILL}; and the times it was
+    # preempted before (the scheduler does not choose it again too often)
+    preempt: dict | None = None
+    preempted: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -261,6 +266,9 @@ class Job:
             "ws": dict(self.ws),
             "submit_key": self.submit_key,
             "usage": self.usage,
+            # only when set: the records of jobs never preempted stay as they were
+            **({"preempt": dict(self.preempt)} if self.preempt else {}),
+            **({"preempted": list(self.preempted)} if self.preempted else {}),
         }
 
     def rank_log_path(self, rank: int) -> str:
@@ -294,4 +302,6 @@ class Job:
             ws=dict(d.get("ws", {})),
             submit_key=d.get("submit_key", ""),
             usage=d.get("usage"),
+            preempt=dict(d["preempt"]) if d.get("preempt") else None,
+            preempted=list(d.get("preempted", ())),
         )

@@ -23,6 +23,7 @@ from .frag import FragModel, shapes_from_queue
 from .holds import CPUS, MEMORY, Holds, JobHolds, Reservation
 from .nodefit import NodeState
 from .order import QueueOrder
+from .preempt import plan_preemptions
 from .reasons import join_node_reasons
 from .request import RankRequest, rank_requests
 from .containers import container_reason, offered_images
@@ -491,6 +492,7 @@ class Scheduler:
         # blocked request could do (fit now, reserve) is the same until a placement.
         unplaceable: set[JobSpec] = set()
         blocked: dict[JobSpec, list] = {}  # spec -> [placements so far, fits_now, reservation]
+        not_placed: list[PendingJob] = []  # in queue order: who may preempt (preempt.py)
         for job in order:
             spec = job.spec
             never = self.never_fits(spec)
@@ -516,6 +518,7 @@ class Scheduler:
                 holds.placed(allocs, ends)
                 continue
             unplaceable.add(spec)
+            not_placed.append(job)
             known = blocked.get(spec)
             if known is None or known[0] != len(plan.placements):
                 known = blocked[spec] = [len(plan.placements), None, _UNKNOWN]
@@ -548,6 +551,8 @@ class Scheduler:
                 r = reasons[spec] = self.why_pending(spec)
             plan.pending[jid] = r
         plan.pending.update(held)
+        if any(r.preemptible or r.preempting_for is not None for r in self.snapshot.running):
+            plan_preemptions(self, not_placed, plan)
         return plan
 
     def _why_held(self, spec: JobSpec, binding: JobHolds, holds: Holds) -> str:

@@ -34,6 +34,7 @@ JOB_ANNOTATE = "job.annotate.v1"
 JOB_FINISH = "job.finish.v1"
 JOB_CANCEL = "job.cancel.v1"
 JOB_REQUEUE = "job.requeue.v1"
+JOB_PREEMPT = "job.preempt.v1"
 JOB_LATE_REPORT = "job.late-report.v1"
 JOB_FORGET = "job.forget.v1"
 CLUSTER_BARRIER = "cluster.barrier.v1"
@@ -63,6 +64,7 @@ ALL_COMMANDS = (
     JOB_FINISH,
     JOB_CANCEL,
     JOB_REQUEUE,
+    JOB_PREEMPT,
     JOB_LATE_REPORT,
     JOB_FORGET,
     CLUSTER_BARRIER,

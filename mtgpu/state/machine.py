@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from ..model.job import GpuMode, Job, JobSpec, JobState, NodeAllocation
 from ..model.usage import JobUsage, UsageSummary, job_usage
 from . import commands as C
+from .preempt import PreemptCommands, PreemptRejected
 from .tenants import Invite, TenantCommands, TenantRecord, TenantRejected
 
 _EPS = 1e-9
@@ -117,7 +118,7 @@ class NodeCommitment:
     gpus: dict[int, GpuCommitment] = field(default_factory=dict)
 
 
-class StateMachine(TenantCommands):
+class StateMachine(TenantCommands, PreemptCommands):
     """All durable state. Derived indexes (commitments, queue) are rebuilt from jobs."""
 
     def __init__(self) -> None:
@@ -161,6 +162,7 @@ class StateMachine(TenantCommands):
             C.JOB_FINISH: self._job_finish,
             C.JOB_CANCEL: self._job_cancel,
             C.JOB_REQUEUE: self._job_requeue,
+            C.JOB_PREEMPT: self._job_preempt,
             C.JOB_LATE_REPORT: self._job_late_report,
             C.JOB_FORGET: self._job_forget,
             C.CLUSTER_BARRIER: self._barrier,
@@ -178,7 +180,7 @@ class StateMachine(TenantCommands):
             return {"ok": False, "error": f"unknown command {name!r}"}
         try:
             result = handler(**command.get("args", {}))
-        except (CommandRejected, TenantRejected) as e:
+        except (CommandRejected, TenantRejected, PreemptRejected) as e:
             return {"ok": False, "error": str(e)}
         except (TypeError, KeyError, ValueError) as e:
             return {"ok": False, "error": f"malformed {name}: {e}"}
@@ -452,6 +454,9 @@ class StateMachine(TenantCommands):
         final = JobState(state) if state else (JobState.COMPLETED if exit_code == 0 else JobState.FAILED)
         if not final.final:
             raise CommandRejected(f"{final.value} is not a final state")
+        if job.preempt is not None:  # however it ended, it ended because it was preempted
+            how = f"it exited with status {exit_code}" if exit_code is not None else (reason or final.value)
+            return self._preempted_end(job, at, how)
         self._release(job)
         if job.spec.workspace is not None and final is not JobState.LOST:
             # A workspace's main process ended (or it could not start): it holds nothing
@@ -472,7 +477,7 @@ class StateMachine(TenantCommands):
         # a running attempt held its reservation until now, a stopped workspace's until it stopped
         run_end = at if was is JobState.RUNNING else (job.ended_at if was is JobState.STOPPED else None)
         self._release(job)
-        job.state, job.ended_at = JobState.CANCELLED, at
+        job.state, job.ended_at, job.preempt = JobState.CANCELLED, at, None
         job.reason = reason or (f"cancelled by {by}" if by else "cancelled")
         self._account(job, run_end)
         return {"was": was.value}
@@ -486,6 +491,8 @@ class StateMachine(TenantCommands):
             raise CommandRejected(f"job {job_id} is {job.state.value}, not running")
         if attempt is not None and attempt != job.attempt:
             raise CommandRejected(f"job {job_id} is at attempt {job.attempt}, requeue was for {attempt}")
+        if job.preempt is not None:
+            return self._preempted_end(job, at, reason or "it was stopped")
         job.history.append({"attempt": job.attempt, "nodes": [a.node for a in job.allocations],
                             "allocations": [a.to_dict() for a in job.allocations], "started_at": job.started_at,
                             "ended_at": at, "outcome": f"requeued: {reason}" if reason else "requeued"})

@@ -111,6 +111,10 @@ class Runner(Protocol):
         """SIGTERM the whole process tree, SIGKILL after grace_s; nothing is left when it returns."""
         ...
 
+    def terminate(self, job_id: int) -> None:
+        """SIGTERM the job and return at once (preemption's grace period; stop() ends it)."""
+        ...
+
     def get_state(self, job_id: int) -> dict: ...
 
     def load_state(self, job_id: int, state: dict) -> str:

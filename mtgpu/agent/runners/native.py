@@ -453,6 +453,18 @@ class NativeRunner:
             time.sleep(0.05)
         return True
 
+    def terminate(self, job_id: int) -> None:
+        """SIGTERM the job and return (preemption: it may checkpoint and end by itself; stop()
+        kills what is left): through its shim, which forwards it to the job's process group,
+        or, with the shim gone, to every process of the job."""
+        run = self._runs.get(job_id)
+        if run is None:
+            return
+        if self._shim_alive(run):
+            self._signal({run.state["shim_pid"]}, signal.SIGTERM)
+        else:
+            self._signal(self._tree(run), signal.SIGTERM)
+
     def stop(self, job_id: int, grace_s: float = 5.0) -> None:
         """SIGTERM the job's whole tree (through the shim and directly), SIGKILL what is
         left after grace_s, then let the shim record the exit. Bounded: gives up after

@@ -27,7 +27,7 @@ from .idle_watch import IdleWatch
 from .vram_watch import VramWatch
 from .image_gate import FAIL, WAIT, Fetch, ImageGate
 from .jobenv import job_env, output_paths
-from .reconcile import Forget, LateReport, PlacedRank, Report, Start, Stop, reconcile
+from .reconcile import Forget, LateReport, PlacedRank, Preempt, Report, Start, Stop, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class AgentLoop:
         self.lease = lease
         self._unsent: dict[int, _Unsent] = {}
         self._refused: set[tuple[int, int]] = set()  # (job, attempt) whose end report was refused
+        self._preempting: dict[tuple[int, int], float] = {}  # (job, attempt) preempted -> when SIGTERM went
         self._next_log_sweep = 0.0
         self._jobs_known = 0
         self._node_vendors: set[str] = set()
@@ -152,7 +153,8 @@ class AgentLoop:
         if rank is None:
             return None
         return PlacedRank(job.id, job.attempt, rank, len(job.allocations), job.started_at, job.spec.time_limit_s,
-                          job.spec.requeue, job.master_port, str(rank) in job.rank_exits)
+                          job.spec.requeue, job.master_port, str(rank) in job.rank_exits,
+                          float(job.preempt["grace_s"]) if job.preempt else None)
 
     def _apply_action(self, action, runs) -> None:
         if isinstance(action, Start):
@@ -180,6 +182,24 @@ class AgentLoop:
                                                                        "node": self.node_name, **args})
         elif isinstance(action, Forget):
             self._forget(action.job_id)
+        elif isinstance(action, Preempt):
+            self._preempt(action)
+
+    def _preempt(self, action: Preempt) -> None:
+        """SIGTERM a preempted run once (it may checkpoint and exit), SIGKILL it once its
+        grace period (counted on this member's monotonic clock) is over."""
+        key = (action.job_id, action.attempt)
+        mono = time.monotonic()
+        first = self._preempting.get(key)
+        if first is None:
+            self._preempting = {k: v for k, v in self._preempting.items() if k[0] != action.job_id}
+            self._preempting[key] = mono
+            log.info("job %d: preempted; SIGTERM now, SIGKILL after %gs", action.job_id, action.grace_s)
+            self.agent.terminate(action.job_id)
+        elif mono - first >= action.grace_s:
+            log.info("job %d: preempted and still running after %gs: killed", action.job_id, action.grace_s)
+            self.agent.stop(action.job_id, grace_s=0)
+            self._preempting.pop(key, None)
 
     def sweep_logs(self) -> int:
         """Delete the log files of jobs the state forgot (JOB_RETENTION_DAYS); returns how many."""
@@ -343,6 +363,7 @@ class AgentLoop:
 
     def _forget(self, job_id: int) -> None:
         self._refused = {r for r in self._refused if r[0] != job_id}
+        self._preempting = {k: v for k, v in self._preempting.items() if k[0] != job_id}
         self.agent.forget(job_id)
 
 

@@ -14,6 +14,9 @@ Rules, per job:
   ended with no exit record, it may have run to its end: it fails with its exit status
   unknown and is never requeued (it would run twice);
 - a run of the attempt placed here past its `time=`: stop it and report it failed;
+- a run of the attempt placed here that was preempted: SIGTERM it, SIGKILL it after the
+  grace period (the agent keeps the time); its end is reported as any end, and the state
+  machine requeues or cancels it;
 - a run that is not (or no longer) placed here at its attempt: stop it while it runs;
   once ended by itself, report it late when its attempt was requeued off this member
   (the state machine takes that result if the requeued copy has not started, else
@@ -50,6 +53,7 @@ class PlacedRank:
     requeue: bool  # the job may be requeued when its member fails (`requeue=` directive)
     master_port: int | None = None
     rank_done: bool = False  # this gang rank already reported a good end
+    preempt_grace_s: float | None = None  # preempted (job.preempt.v1): SIGTERM, SIGKILL after this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +92,23 @@ class Forget:
     job_id: int
 
 
-Action = Start | Stop | Report | LateReport | Forget
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """The running attempt was preempted: SIGTERM it once, SIGKILL it after `grace_s`."""
+
+    job_id: int
+    attempt: int
+    grace_s: float
+
+
+Action = Start | Stop | Report | LateReport | Forget | Preempt
 
 
 def end_report(p: PlacedRank, ended: ExitInfo, node: str) -> Report:
     """How to report the end of the placed attempt's rank."""
+    if p.preempt_grace_s is not None and ended.stopped:  # the state machine requeues or cancels it
+        return Report(p.job_id, p.attempt, p.rank, "finish", {
+            "state": "failed", "reason": f"it did not end within the {p.preempt_grace_s:g}s grace period: killed"})
     if ended.natural:
         if ended.exit_code is None:
             args = {"state": "failed", "reason": ended.reason or f"killed by signal {ended.signal}"}
@@ -148,6 +164,8 @@ def reconcile(placed: list[PlacedRank], runs: dict[int, LocalRun], unsent: set[i
                 actions.append(Report(job_id, p.attempt, p.rank, "finish", {
                     "state": "failed", "reason": f"time limit {format_duration(p.time_limit_s)} reached; "
                                                  "the job was stopped"}))
+            elif p.preempt_grace_s is not None:
+                actions.append(Preempt(job_id, p.attempt, p.preempt_grace_s))
             continue
         if run.ended is None:
             actions.append(Stop(job_id, f"attempt {run.attempt} is no longer placed here"))

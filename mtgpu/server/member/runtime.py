@@ -25,7 +25,7 @@ from ...storage.shared import interpreter_publish_root, publish_read_only
 from .accounts_agent import AccountsAgent
 from .agent_loop import AgentLoop
 from .scheduler_role import SchedulerRole
-from .view import NodeTelemetry
+from .view import NodeTelemetry, PreemptPolicy
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,10 @@ class Member:
         self.store = store
         self.link: Link = link if link is not None else StandaloneLink(self.node_name)
         self.clock = clock
+        pre = config.PREEMPTION
         self.scheduler = SchedulerRole(store, self.node_name, clock, down_after_s=down_after_s,
-                                       job_retention_s=config.job_retention_s, tenant_retention_s=config.tenant_retention_s)
+                                       job_retention_s=config.job_retention_s, tenant_retention_s=config.tenant_retention_s,
+                                       preempt=PreemptPolicy(pre.enabled, pre.grace_s, pre.max_per_window, pre.window_s))
         self.lease = Lease(self.state_dir / "agent" / "lease", lease_s(down_after_s)) if self.link.is_cluster \
             else None
         host = config.listen_host_port()[0]

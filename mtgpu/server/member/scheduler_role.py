@@ -21,7 +21,8 @@ from ...state import commands as C
 from ...state.store import ReplicationError, Store, try_commit
 from ..metrics import SchedulerTimings
 from .retention import RETENTION_EVERY_S, apply_retention, retention_report
-from .view import NodeTelemetry, build_queue, build_snapshot, build_usage, hold_dependents, pass_inputs
+from .view import (NodeTelemetry, PreemptPolicy, build_queue, build_snapshot, build_usage, hold_dependents,
+                   hold_preempted, pass_inputs)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class SchedulerRole:
         self.epoch = None
         self.pending_reasons = {}
 
+    preempt: PreemptPolicy = field(default_factory=PreemptPolicy)  # [PREEMPTION]
     job_retention_s: float = 30 * 86400.0
     tenant_retention_s: float = 180 * 86400.0
     _next_retention_at: float = 0.0
@@ -172,8 +174,11 @@ class SchedulerRole:
         machine = self.store.machine
         with self.store.lock:  # held briefly: the Raft thread needs it to apply anything (view.PassInputs)
             taken = pass_inputs(machine)
-            snapshot = build_snapshot(machine, self.telemetry) if taken.queued else None
+            snapshot = build_snapshot(machine, self.telemetry, self.preempt, now) if taken.queued else None
         queue, waiting, never = hold_dependents(taken.jobs, build_queue(taken.queued, taken.running))
+        if any(j.history for j in taken.queued):
+            queue, held = hold_preempted(taken.jobs, queue, now)
+            waiting.update(held)
         if queue and self.monotonic() - self._usage_at > 1.0:  # fair-share usage changes slowly; not every pass
             self._usage, self._usage_at = build_usage(taken.tenants, taken.jobs.values(), now), self.monotonic()
         usage = self._usage
@@ -204,5 +209,19 @@ class SchedulerRole:
             self.placements += 1
             self.last_placement_at = self.clock()
             self.timings.job_started(job, at)  # a start leaves submitted_at and history as they were
+        for p in plan.preemptions:
+            self._preempt(p, now, reasons)
         self.pending_reasons = reasons
         return True
+
+    def _preempt(self, p, now: float, reasons: dict[int, str]) -> None:
+        """Tell an opportunistic job to stop for a guaranteed one (its member sends the signals)."""
+        victim = self.store.machine.jobs.get(p.victim)
+        if victim is None or victim.state is not JobState.RUNNING:
+            return
+        r = try_commit(self.store, C.JOB_PREEMPT, job_id=p.victim, by=p.for_job, at=self.clock(),
+                       grace_s=self.preempt.grace_s, attempt=victim.attempt, epoch=self.epoch)
+        if r is not None and r["ok"]:
+            log.info("job %d preempted for job %d on %s (grace %gs)", p.victim, p.for_job, p.node, self.preempt.grace_s)
+        elif r is not None:
+            reasons[p.for_job] = f"preempting job {p.victim} was refused: {r['error']}"

@@ -13,6 +13,7 @@ from ...model.gpu import GpuInfo, HostInfo, normalize_model
 from ...model.job import Job, JobState
 from ...sched import deps
 from ...state.machine import StateMachine
+from ...state.preempt import preemptible_why_not
 
 
 @dataclass(slots=True)
@@ -25,7 +26,24 @@ class NodeTelemetry:
     heard_mono: float = 0.0  # when the scheduler got it, on its monotonic clock (silence is measured with it)
 
 
-def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry]) -> ClusterSnapshot:
+@dataclass(frozen=True, slots=True)
+class PreemptPolicy:
+    """`[PREEMPTION]` as the scheduler applies it (docs/SCHEDULING.md "Preemption")."""
+
+    enabled: bool = False
+    grace_s: float = 30.0
+    max_per_window: int = 3
+    window_s: float = 3600.0
+
+    def may_stop(self, job: Job, now: float) -> bool:
+        """Whether the scheduler may choose this running job as a victim now."""
+        if not self.enabled or job.preempt is not None or preemptible_why_not(job) is not None:
+            return False
+        return sum(1 for t in job.preempted if now - t < self.window_s) < self.max_per_window
+
+
+def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry],
+                   preempt: PreemptPolicy | None = None, now: float = 0.0) -> ClusterSnapshot:
     nodes = []
     for rec in machine.nodes.values():
         commit = machine.commitment(rec.name)
@@ -62,9 +80,12 @@ def build_snapshot(machine: StateMachine, telemetry: dict[str, NodeTelemetry]) -
             containers=None if rec.containers is None else NodeContainers(
                 frozenset(rec.containers.get("images", ())), bool(rec.containers.get("user_images"))),
         ))
+    preempt = preempt or PreemptPolicy()
     running = [
         RunningAlloc(job.id, job.allocations,
-                     job.started_at + job.spec.time_limit_s if job.spec.time_limit_s and job.started_at else None)
+                     job.started_at + job.spec.time_limit_s if job.spec.time_limit_s and job.started_at else None,
+                     started_at=job.started_at or 0.0, preemptible=preempt.may_stop(job, now),
+                     preempting_for=job.preempt["by"] if job.preempt else None)
         for job in machine.running_jobs()
     ]
     return ClusterSnapshot(nodes=nodes, running=running)
@@ -176,3 +197,24 @@ def hold_dependents(jobs: Mapping[int, Job], queue: list[PendingJob]) -> tuple[l
         else:
             never[p.job_id] = v.reason
     return ready, waiting, never
+
+
+PREEMPTED_WAITS_S = 300.0
+
+
+def hold_preempted(jobs: Mapping[int, Job], queue: list[PendingJob],
+                   now: float) -> tuple[list[PendingJob], dict[int, str]]:
+    """A job requeued because it was preempted waits until the job it was stopped for has
+    started (or left the queue), at most PREEMPTED_WAITS_S: otherwise, older, it would take
+    its place back first."""
+    ready, waiting = [], {}
+    for p in queue:
+        job = jobs.get(p.job_id)
+        last = job.history[-1] if job is not None and job.history else None
+        by = last.get("preempted_by") if last is not None and last.get("attempt") == job.attempt - 1 else None
+        other = jobs.get(by) if by is not None else None
+        if other is not None and other.state is JobState.QUEUED and now - last["ended_at"] < PREEMPTED_WAITS_S:
+            waiting[p.job_id] = f"requeued: preempted by job {by}, which starts first"
+        else:
+            ready.append(p)
+    return ready, waiting

@@ -151,3 +151,17 @@ def test_an_ended_run_of_a_cancelled_job_is_forgotten_without_a_report():
 def test_a_job_whose_report_is_being_sent_is_left_alone():
     assert decide([placed()], run(ended=EXIT0), unsent=[1]) == []
     assert decide([placed()], unsent=[1]) == []
+
+
+def test_a_preempted_run_is_signalled_and_its_end_reported_as_any_end():
+    from mtgpu.server.member.reconcile import Preempt
+    p = PlacedRank(1, 0, 0, 1, 900.0, None, True, None, False, 30.0)
+    assert decide([p], run()) == [Preempt(1, 0, 30.0)]
+    # it exited by itself within the grace: its status, for the state machine to requeue it
+    assert decide([p], run(ended=EXIT0)) == [Report(1, 0, 0, "finish", {"exit_code": 0, "reason": ""})]
+    # killed after the grace (the agent stopped it): said so, not taken for a failure of its member
+    assert decide([p], run(ended=STOPPED)) == [Report(1, 0, 0, "finish", {
+        "state": "failed", "reason": "it did not end within the 30s grace period: killed"})]
+    # a time limit reached meanwhile still stops it
+    late = PlacedRank(1, 0, 0, 1, 0.0, 60.0, True, None, False, 30.0)
+    assert isinstance(decide([late], run())[0], Stop)
