@@ -20,7 +20,7 @@ max), how many ran, the GPU-hours of guaranteed and of opportunistic jobs (those
 GPUs: they may add up to more than the GPUs), preemptions, the simulated hours until the
 last guaranteed job ended, and the wall time of the replay.
 
-    python bench/preemption.py [--nodes 8] [--hours 12] [--rate 30] [--seed 1] [--json]
+    python bench/preemption.py [--nodes 8] [--hours 12] [--rate 30] [--max-per-window 3] [--seed 1] [--json]
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def replay(args, jobs, enabled: bool) -> dict:
                               gpus=[{"index": i, "vendor": "nvidia", "model": "NVIDIA GeForce RTX 4090",
                                      "vram_total_bytes": 24 * GiB} for i in range(4)])))
     ok(sm.apply(C.command(C.SCHED_ELECT, node="n00", epoch=1, at=0.0)))
-    policy = PreemptPolicy(enabled, args.grace, 3, 3600.0)
+    policy = PreemptPolicy(enabled, args.grace, args.max_per_window, 3600.0)
     left: dict[int, float] = {}     # job -> work left (seconds)
     kind: dict[int, str] = {}
     ends: dict[int, float] = {}     # running job -> when it ends by itself
@@ -164,6 +164,7 @@ def main() -> int:
     ap.add_argument("--backlog", type=int, default=40, help="opportunistic jobs queued at time 0")
     ap.add_argument("--opp-rate", type=float, default=4.0, help="opportunistic jobs an hour")
     ap.add_argument("--grace", type=float, default=30.0)
+    ap.add_argument("--max-per-window", type=int, default=3, help="[PREEMPTION] max_per_window (window 1h)")
     ap.add_argument("--checkpoint", type=float, default=10.0, help="seconds a preempted job takes to exit")
     ap.add_argument("--tick", type=float, default=15.0, help="simulated seconds between passes")
     ap.add_argument("--seed", type=int, default=1)
