@@ -447,3 +447,28 @@ def test_with_shared_homes_an_image_is_archived_once_on_the_shared_storage_for_e
         job = m0.wait_state(jid, {"completed", "failed"}, timeout_s=120)
         assert job["state"] == "completed" and "on m1" in log_of(m0, alice, jid), job["reason"]
         assert "fetched from" not in m1.server_log()
+
+
+def test_a_preempted_container_job_gets_sigterm_inside_its_container_and_is_requeued(cnode, alice, image):
+    """Preemption (docs/SCHEDULING.md): the SIGTERM reaches the job's process in its
+    container (through `podman run`), which checkpoints and exits well before the grace."""
+    over = []
+    for _ in range(2):  # one oversubscribed job on each of the node's two GPUs
+        script = ("trap 'echo got-term; exit 0' TERM; echo started-$MTGPU_JOB_ID; "
+                  "while true; do sleep 0.1; done")
+        over.append(cnode.submit_json(alice, "--container", image, "--gpus", "1", "--gpu-mode", "oversubscribe",
+                                      "--wrap", script)["job_id"])
+        wait_for("the oversubscribed job to start", lambda j=over[-1]: "started" in log_of(cnode, alice, j),
+                 timeout_s=60)
+    guaranteed = cnode.submit_json(alice, "--container", image, "--gpus", "1", "--wrap", "echo exclusive")["job_id"]
+    try:
+        cnode.wait_state(guaranteed, "completed", timeout_s=90)
+        victim = cnode.job(over[1])  # the younger one
+        assert victim["history"] and victim["history"][0]["preempted_by"] == guaranteed, victim
+        assert "exited with status 0" in victim["history"][0]["outcome"], victim["history"]  # its trap, not a kill
+        assert cnode.job(over[0])["attempt"] == 0 and not cnode.job(over[0]).get("preempted")
+    finally:
+        for j in over:
+            cnode.mt_job(alice, "cancel", str(j))
+        for j in over:
+            cnode.wait_state(j, "cancelled", timeout_s=60)
