@@ -30,18 +30,33 @@ def interruptible(module: str, *args: str) -> list[str]:
     return [sys.executable, "-c", _CTRL_C_ABLE, module, *args]
 
 
-def remotegpu(home: Path, *args: str, **kw) -> subprocess.CompletedProcess:
-    """remotegpu-cli of this checkout, with `home` as its REMOTEGPU_HOME."""
+def remotegpu(home: Path, *args: str, program: Path | None = None, **kw) -> subprocess.CompletedProcess:
+    """remotegpu-cli of this checkout, with `home` as its REMOTEGPU_HOME; with `program`,
+    that one instead (another environment's remotegpu-cli: isolated_client_env())."""
+    if program is not None:
+        return subprocess.run([str(program), *args], capture_output=True, text=True, timeout=60,
+                              **{"cwd": "/", "env": isolated_client_env(program, home), **kw})
     return subprocess.run([sys.executable, "-m", "mtgpu.cli.remotegpu", *args], capture_output=True, text=True,
                           env={**os.environ, "REMOTEGPU_HOME": str(home)}, timeout=60, **kw)
 
 
-def join(node: Node, name: str, home: Path) -> dict:
+def isolated_client_env(program: Path, home: Path) -> dict[str, str]:
+    """The environment a remotegpu-cli installed elsewhere (`program`, in a virtual environment's
+    bin) runs in, as on a laptop that has it alone: no PYTHONPATH (nothing of this checkout), its
+    environment's bin first on PATH (ssh-config then writes it into ProxyCommand), `home` as
+    REMOTEGPU_HOME. Run it from outside the checkout too (remotegpu() runs it from /)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
+    return {**env, "PATH": f"{Path(program).parent}:/usr/bin:/bin", "VIRTUAL_ENV": str(Path(program).parent.parent),
+            "REMOTEGPU_HOME": str(home)}
+
+
+def join(node: Node, name: str, home: Path, program: Path | None = None) -> dict:
     """`mtgpu-admin tenant invite NAME`, `remotegpu-cli join CODE --server` the node (on
-    loopback) from `home`: the join's answer (its --json)."""
+    loopback) from `home`: the join's answer (its --json). `program`: as for remotegpu()."""
     r = node.admin("tenant", "invite", name, "--json")
     assert r.returncode == 0, r.stderr
-    r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}", "--json")
+    r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}", "--json",
+                  program=program)
     assert r.returncode == 0, r.stderr + node.server_log()[-2000:]
     return json.loads(r.stdout)
 
