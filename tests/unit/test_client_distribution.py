@@ -279,3 +279,24 @@ def test_the_two_wheels_hold_every_file_of_the_tree_once_and_the_client_sdist_bu
     assert r.returncode == 0, r.stderr
     files, info = wheel_files(again / r.stdout.strip())
     assert files == client_files and info["METADATA"] == client_info["METADATA"]
+
+
+# ---------------------------------------------------------------- installs of a checkout
+
+
+def test_a_checkout_is_installed_as_both_distributions_then_the_client_alone_again(tmp_path):
+    """scripts/install.sh and mtgpu-setup's environment step: the client's folder and the server's in
+    one pip command (pip finds mtgpu-client nowhere else), then the client again: pip removes its
+    files when it replaces an mtgpu from before the split (whose RECORD names them too)."""
+    from mtgpu.setup.environment import Environment
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    calls = []
+    run = lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")  # noqa: E731
+    Environment(venv, "1.0", REPO, run).apply()
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    assert calls == [pip + [str(CLIENT), str(REPO)], pip + ["--no-deps", "--force-reinstall", str(CLIENT)]]
+    script = (REPO / "scripts" / "install.sh").read_text()
+    both = script.index('-m pip install -q ./clients/python ".$EXTRA"\n')
+    assert script.index("-m pip install -q --no-deps --force-reinstall ./clients/python\n") > both
