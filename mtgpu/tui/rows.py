@@ -61,28 +61,49 @@ def gpu_free(g: dict) -> bool:
     return not g.get("exclusive") and not g.get("committed_fraction")
 
 
-def gpu_cells(gpus: list[dict]) -> tuple[str, str, str, str]:
-    """A node's GPU columns in one pass (a refresh makes them for every node):
-    the models counted ('8x H100' or '1x A100, 2x T4'), utilization % and VRAM used/total
-    GiB per GPU, and the free GPUs with the VRAM left on all (total less what is used or
-    committed)."""
+def gpu_columns(gpus: list[dict]) -> tuple[tuple[str, str, str, str], tuple[str, str, str, str]]:
+    """A node's GPU columns, wide and narrow, in one pass over its GPUs (a refresh makes
+    them for every node): see gpu_cells and gpu_short_cells."""
     if not gpus:
-        return "none", "-", "-", "0/0 GPU, 0 GiB"
+        return ("none", "-", "-", "0/0 GPU, 0 GiB"), ("none", "-", "-", "0/0 0G")
     counts: dict[str, int] = {}
     util, vram = [], []
-    free = left = 0
+    util_sum, util_n = 0.0, 0
+    free = left = used_all = total_all = 0
     for g in gpus:
         get = g.get
         model = get("model") or "?"
         counts[model] = counts.get(model, 0) + 1
-        util.append(_pct(get("utilization_pct")))
+        u = get("utilization_pct")
+        if u is None:
+            util.append("-")
+        else:
+            util.append(f"{u:.0f}")
+            util_sum += u
+            util_n += 1
         total, used = g["vram_total_bytes"], get("vram_used_bytes")
         vram.append(_used_of(used, total))
+        used_all += used or 0
+        total_all += total
         if not get("exclusive") and not get("committed_fraction"):
             free += 1
         left += max(0, total - max(used or 0, get("committed_vram_bytes") or 0))
-    return (", ".join(f"{n}x {m}" for m, n in counts.items()), " ".join(util), " ".join(vram),
+    short: dict[str, int] = {}
+    for m, n in counts.items():
+        k = short_model(m)
+        short[k] = short.get(k, 0) + n
+    wide = (", ".join(f"{n}x {m}" for m, n in counts.items()), " ".join(util), " ".join(vram),
             f"{free}/{len(gpus)} GPU, {_gib(left)} GiB")
+    narrow = ("+".join(f"{n}x {m}" for m, n in short.items()), _pct(util_sum / util_n if util_n else None),
+              f"{used_all / GIB:.0f}/{total_all / GIB:.0f}", f"{free}/{len(gpus)} {left / GIB:.0f}G")
+    return wide, narrow
+
+
+def gpu_cells(gpus: list[dict]) -> tuple[str, str, str, str]:
+    """A node's GPU columns: the models counted ('8x H100' or '1x A100, 2x T4'),
+    utilization % and VRAM used/total GiB per GPU, and the free GPUs with the VRAM left on
+    all (total less what is used or committed)."""
+    return gpu_columns(gpus)[0]
 
 
 @lru_cache(maxsize=8192)
@@ -113,26 +134,7 @@ def gpu_short_cells(gpus: list[dict]) -> tuple[str, str, str, str]:
     """A node's GPU columns on a narrow screen: '8x H100' ('1x A100+2x T4'), the mean
     utilization %, VRAM used/total GiB of all its GPUs, and free GPUs with the VRAM left
     ('2/8 310G')."""
-    if not gpus:
-        return "none", "-", "-", "0/0 0G"
-    counts: dict[str, int] = {}
-    util: list[float] = []
-    used_all = total_all = left = 0
-    free = 0
-    for g in gpus:
-        get = g.get
-        model = short_model(get("model") or "?")
-        counts[model] = counts.get(model, 0) + 1
-        if get("utilization_pct") is not None:
-            util.append(get("utilization_pct"))
-        total, used = g["vram_total_bytes"], get("vram_used_bytes")
-        used_all += used or 0
-        total_all += total
-        if not get("exclusive") and not get("committed_fraction"):
-            free += 1
-        left += max(0, total - max(used or 0, get("committed_vram_bytes") or 0))
-    return ("+".join(f"{n}x {m}" for m, n in counts.items()), _pct(sum(util) / len(util) if util else None),
-            f"{used_all / GIB:.0f}/{total_all / GIB:.0f}", f"{free}/{len(gpus)} {left / GIB:.0f}G")
+    return gpu_columns(gpus)[1]
 
 
 def free_text(gpus: list[dict]) -> str:
@@ -168,13 +170,12 @@ def server_rows(snapshots: list[ClusterSnapshot]) -> list[Row]:
             state = n.get("state") or "?"
             if s.error is not None:
                 state = f"stale ({state})"
-            summary, util, vram, free = gpu_cells(gpus)
+            wide, narrow = gpu_columns(gpus)
             jobs = ",".join(str(i) for i in mine.get(n["name"], [])) or "-"
             path = s.path if s.error is None else f"unreachable: {s.error}"
-            rows.append(Row(f"{s.cluster}/{n['name']}", (
-                s.cluster, n["name"], state, summary, util, vram, free, jobs, path,
-            ), {"cluster": s.cluster, "node": n["name"]}, (s.cluster, n["name"], state, *gpu_short_cells(gpus), jobs,
-                                                            path)))
+            rows.append(Row(f"{s.cluster}/{n['name']}", (s.cluster, n["name"], state, *wide, jobs, path),
+                            {"cluster": s.cluster, "node": n["name"]},
+                            (s.cluster, n["name"], state, *narrow, jobs, path)))
     return rows
 
 
