@@ -283,19 +283,33 @@ class Endpoint:
                     if st.addr != addr and (st.addr is None or now - st.heard > SUSPECT_AFTER_S):
                         self.udp.sendto(D.PROBE + st.peer_token, addr)  # the peer moved here: its answer moves us
                 elif kind == D.ACK:
-                    if st.addr != addr:
+                    if st.addr == addr:
+                        st.heard = now
+                    elif st.addr is None or now - st.heard > SUSPECT_AFTER_S:
+                        # the first answer makes the path (probes to every candidate answer from
+                        # each of the peer's addresses: a path that flipped between them with
+                        # each answer left the two sides at different addresses); another
+                        # address takes over only once the one in use went silent
                         log.info("directlink: session with %s... is direct at %s:%d", s.peer_id[:16], *addr)
-                        st.up_since = now
-                    st.addr, st.heard, s.path = addr, now, "direct"
+                        st.addr, st.heard, st.up_since = addr, now, now
+                    s.path = "direct" if st.addr is not None else s.path
             return
+        # A session's datagram, routed by its connection id and accepted from whichever of
+        # the peer's addresses it came (each side keeps the address its own probes were
+        # answered from, and a host with several may send from another): QUIC checks every
+        # packet, so one from elsewhere is dropped there. Only the path's own address
+        # counts as hearing it.
         s = None
+        cid = destination_cid(body) or b""
         if kind == TO_RESPONDER:
-            s = self._routes.get(destination_cid(body) or b"")
+            s = self._routes.get(cid)
         elif kind == TO_DIALER:
-            s = next((x for x in self.dialled.values() if getattr(x, "direct", None) is not None
-                      and x.direct.addr == addr), None)
-        if s is not None and not s.closed.is_set() and s.direct.addr == addr:
-            s.direct.heard = now
+            s = next((x for x in self.dialled.values() if cid in x.cids), None) or next(
+                (x for x in self.dialled.values() if getattr(x, "direct", None) is not None and x.direct.addr == addr),
+                None)
+        if s is not None and not s.closed.is_set() and getattr(s, "direct", None) is not None:
+            if s.direct.addr == addr:
+                s.direct.heard = now
             s.feed(body)
 
     async def _keep_paths(self) -> None:

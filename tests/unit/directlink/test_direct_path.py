@@ -83,3 +83,57 @@ def test_a_probe_without_the_session_token_makes_no_path():
         await b.close()
 
     run(body)
+
+
+def test_a_peer_whose_data_comes_from_another_of_its_addresses_is_heard():
+    """A host with several addresses (eth0, a podman bridge, loopback) answers the probes to
+    each from that address, and each side keeps the address its own probes were answered
+    from: the two may differ, and one side's data then comes from an address the other does
+    not send to. Simulated on loopback: every data datagram b sends reaches a as from
+    another address of b's, while probes and answers keep theirs. Before, a dropped them
+    all while the probes kept the path "up": a session that never answered again."""
+    from mtgpu.directlink.endpoint import TO_DIALER
+
+    async def body(relay, port, seen):
+        a = await endpoint(port, "a")
+        b = await endpoint(port, "b", on_stream=echo)
+        for e in (a, b):
+            assert await e.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
+        session = await a.dial(b.id)
+        await until("the direct path", lambda: session.path == "direct" and b.answered[a.id][0].path == "direct")
+        receive = a.udp.on_datagram
+        other = ("192.0.2.77", b.udp.local_port())  # an address of b's that a's path is not at
+
+        def from_elsewhere(data, addr):
+            receive(data, other if data[:1] == TO_DIALER else addr)
+        a.udp.on_datagram = from_elsewhere
+        relayed = relay.forwarded_bytes
+        await asyncio.wait_for(round_trip(session, 300_000), 20)
+        assert session.path == "direct" and relay.forwarded_bytes - relayed < 50_000  # it went direct, both ways
+        assert session.direct.addr == ("127.0.0.1", b.udp.local_port())  # the path stays where it was made
+        await a.close()
+        await b.close()
+
+    run(body)
+
+
+def test_the_first_answer_makes_the_path_and_another_address_takes_over_only_once_it_is_silent():
+    async def body(relay, port, seen):
+        a = await endpoint(port, "a")
+        b = await endpoint(port, "b", on_stream=echo)
+        for e in (a, b):
+            assert await e.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
+        session = await a.dial(b.id)
+        await until("the direct path", lambda: session.path == "direct")
+        st = session.direct
+        made = st.addr
+        token = st.my_token
+        a.udp.on_datagram(D.ACK + token, ("192.0.2.77", 4242))  # an answer from another address
+        assert st.addr == made
+        st.heard = time.monotonic() - 10  # the path in use went silent: the next answer moves it
+        a.udp.on_datagram(D.ACK + token, ("192.0.2.77", 4242))
+        assert st.addr == ("192.0.2.77", 4242)
+        await a.close()
+        await b.close()
+
+    run(body)
