@@ -5,13 +5,13 @@ sides send their candidates (local addresses and the public one) and a random to
 the session's control stream. Then each sends a low-TTL opener to the other's
 candidates (it opens its own NAT mapping and dies before the peer's router) and probes
 every PROBE_EVERY_S for PUNCH_FOR_S. A probe carries the receiver's token, so only the
-session's peer can make a path; the answer to a probe makes the path up at the address
-it came from. While up, keep-alive probes every KEEPALIVE_S hold the NAT mappings, and
+session's peer can make a path; the first answer to a probe makes the path up at the
+address it came from (another takes over only once that one went silent). While up, keep-alive probes every KEEPALIVE_S hold the NAT mappings, and
 DOWN_AFTER_S with nothing heard puts the session back on the relay; it tries again
 every RETRY_EVERY_S.
 
 UDP datagrams: PROBE or ACK + 16-byte token, or a session tag (endpoint.py) + a QUIC
-datagram, from the address the path is up at.
+datagram (sent to the address the path is up at, taken from any of the peer's: endpoint.py).
 """
 
 from __future__ import annotations
