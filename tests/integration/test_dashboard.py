@@ -35,7 +35,7 @@ from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 if can_create_users():
     pytest.skip(can_create_users(), allow_module_level=True)
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is missing: pip install '.[test]'")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is missing: pip install ./clients/python '.[test]'")
 CHROMEDRIVER, CHROMIUM = "/usr/bin/chromedriver", "/usr/bin/chromium"
 if not (os.path.exists(CHROMEDRIVER) and os.path.exists(CHROMIUM)):
     pytest.skip("headless Chromium is missing: apt-get install chromium chromium-driver (scripts/install.sh --test)",
