@@ -73,6 +73,7 @@ class Scheduler:
         # the spec alive, so its id cannot be reused by another object meanwhile
         self._reqs_by_id: dict[int, tuple[JobSpec, list[RankRequest]]] = {}
         # (ends_at, allocations) of running jobs with a known end, sorted, for backfill
+        self.holds: Holds | None = None  # what the last run() left blocked jobs holding (place_new)
         self._events: list[tuple[float, int, tuple[NodeAllocation, ...]]] = sorted(
             (r.ends_at, r.job_id, r.allocations) for r in snapshot.running if r.ends_at is not None
         )
@@ -553,7 +554,37 @@ class Scheduler:
         plan.pending.update(held)
         if any(r.preemptible or r.preempting_for is not None for r in self.snapshot.running):
             plan_preemptions(self, not_placed, plan)
+        self.holds = holds
         return plan
+
+    def place_new(self, queue: list[PendingJob], now: float,
+                  usage: dict[str, TenantUsage] | None = None) -> list[Placement]:
+        """Place jobs that came after the last run() against what it left: the nodes as its
+        placements made them, and the holds of the jobs it found blocked. In effective-
+        priority order; it stops at the first job that does not start now, or that needs
+        what only a full pass weighs (an array task, a dependency): the next run() decides
+        those. Valid while nothing was released since that run (the caller checks): capacity
+        was then only taken, so the jobs it found blocked are blocked still, and their holds
+        bind every later job as they did in it."""
+        holds = self.holds
+        if holds is None:
+            return []
+        placed: list[Placement] = []
+        order = QueueOrder(queue, now, usage)
+        for job in order:
+            spec = job.spec
+            if job.array_parent is not None or spec.after or self.never_fits(spec) is not None:
+                break
+            ends = now + spec.time_limit_s if spec.time_limit_s else math.inf
+            allocs = self.place(spec, job.job_id, holds.for_job(ends))
+            if allocs is None:
+                break
+            placed.append(Placement(job.job_id, allocs))
+            order.started(job, sum(s.fraction for s in allocs[0].gpus))
+            if ends != math.inf:
+                bisect.insort(self._events, (ends, job.job_id, allocs))
+            holds.placed(allocs, ends)
+        return placed
 
     def _why_held(self, spec: JobSpec, binding: JobHolds, holds: Holds) -> str:
         """Which job ahead holds what this one would take: the earliest hold that refuses it

@@ -20,6 +20,11 @@ from .preempt import PreemptCommands, PreemptRejected
 from .tenants import Invite, TenantCommands, TenantRecord, TenantRejected
 
 _EPS = 1e-9
+# Commands that never give capacity back (nor change a node): the scheduler's quick path
+# (SchedulerRole.quick_place) stays valid across them. JOB_START is the scheduler's own.
+_KEEPS_CAPACITY = frozenset((C.JOB_SUBMIT, C.JOB_SUBMIT_BATCH, C.JOB_START, C.JOB_ANNOTATE, C.JOB_FORGET,
+                             C.TENANT_ENSURE, C.TENANT_INVITE, C.TENANT_JOIN, C.TENANT_ASSIGN, C.TENANT_SEEN,
+                             C.TENANT_SHARE, C.CLUSTER_BARRIER))
 
 
 class CommandRejected(Exception):
@@ -134,6 +139,9 @@ class StateMachine(TenantCommands, PreemptCommands):
         self.sched_epoch = 0  # raised by each new scheduler; placements carry it
         self.scheduler = ""
         self.applied = 0  # count of commands applied (the journal sequence)
+        # raised by every applied command that may give capacity back or change a node (not
+        # state: never saved; only compared within this process, by the scheduler)
+        self.capacity_version = 0
         self.usage = UsageSummary()  # forgotten jobs' usage, per tenant, day, node and model
         self._queued: dict[int, None] = {}  # insertion-ordered set
         self._running: dict[int, None] = {}
@@ -184,6 +192,8 @@ class StateMachine(TenantCommands, PreemptCommands):
             return {"ok": False, "error": str(e)}
         except (TypeError, KeyError, ValueError) as e:
             return {"ok": False, "error": f"malformed {name}: {e}"}
+        if name not in _KEEPS_CAPACITY:
+            self.capacity_version += 1
         return {"ok": True, **(result or {})}
 
     # ---------------------------------------------------------------- queries

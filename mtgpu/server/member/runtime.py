@@ -122,11 +122,11 @@ class Member:
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(TICK_S)
+            woken = self._wake.wait(TICK_S)
             self._wake.clear()
             delay = self._next_schedule_at - time.monotonic()
-            if 0 < delay < TICK_S:
-                self._stop.wait(delay)
+            if not woken and 0 < delay < TICK_S:
+                self._stop.wait(delay)  # a tick: the full pass when it may run (woken: a quick pass now)
             try:
                 self.run_once()
             except OSError as e:
@@ -165,6 +165,8 @@ class Member:
                 rest = max(min(TICK_S, (2 if self.scheduler.placements > placed else 5) * spent),
                            min(PASS_REST_MAX_S, PASS_REST_PER_CPU * cpu))
                 self._next_schedule_at = t0 + spent + rest if spent > 0.002 else 0.0
+            else:
+                self.scheduler.quick_place(now)  # jobs submitted since, while the full pass rests
         elif self.scheduler.epoch is not None:
             log.info("%s no longer schedules", self.node_name)
             self.scheduler.step_down()

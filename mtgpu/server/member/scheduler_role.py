@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ...model.job import JobState
-from ...sched import schedule
+from ...sched import Scheduler
 from ...state import commands as C
 from ...state.store import ReplicationError, Store, try_commit
 from ..metrics import SchedulerTimings
@@ -75,8 +75,13 @@ class SchedulerRole:
     def step_down(self) -> None:
         self.epoch = None
         self.pending_reasons = {}
+        self._last = None
 
     preempt: PreemptPolicy = field(default_factory=PreemptPolicy)  # [PREEMPTION]
+    # The last full pass, for quick_place: (its engine, the state machine and its
+    # capacity_version then, the ids of the jobs queued then)
+    _last: tuple | None = None
+    quick_placements: int = 0  # jobs placed by quick passes (nodes --json, tests)
     job_retention_s: float = 30 * 86400.0
     tenant_retention_s: float = 180 * 86400.0
     _next_retention_at: float = 0.0
@@ -175,6 +180,8 @@ class SchedulerRole:
         with self.store.lock:  # held briefly: the Raft thread needs it to apply anything (view.PassInputs)
             taken = pass_inputs(machine)
             snapshot = build_snapshot(machine, self.telemetry, self.preempt, now) if taken.queued else None
+            version = machine.capacity_version
+        self._last = None
         queue, waiting, never = hold_dependents(taken.jobs, build_queue(taken.queued, taken.running))
         if any(j.history for j in taken.queued):
             queue, held = hold_preempted(taken.jobs, queue, now)
@@ -187,7 +194,10 @@ class SchedulerRole:
         if not queue:
             self.pending_reasons = waiting
             return False
-        plan = schedule(snapshot, queue, now, usage)
+        engine = Scheduler(snapshot)
+        plan = engine.run(queue, now, usage)
+        if not plan.preemptions:
+            self._last = (engine, machine, version, {j.id for j in taken.queued})
         reasons = dict(plan.pending)
         reasons.update(plan.rejected)
         reasons.update(waiting)
@@ -213,6 +223,43 @@ class SchedulerRole:
             self._preempt(p, now, reasons)
         self.pending_reasons = reasons
         return True
+
+    def quick_place(self, now: float) -> bool:
+        """Between full passes (which rest after a long queue, up to PASS_REST_MAX_S): start
+        jobs submitted since the last one at once, against what it left (Scheduler.place_new),
+        while no command gave capacity back since (then only a full pass may decide: a job
+        it found blocked may fit now). True when it placed something."""
+        last = self._last
+        if last is None or self.epoch is None:
+            return False
+        engine, machine, version, seen = last
+        with self.store.lock:
+            if self.store.machine is not machine or machine.capacity_version != version:
+                self._last = None
+                return False
+            new = [j for j in machine.queued_jobs() if j.id not in seen and not j.history]
+        if not new:
+            return False
+        seen.update(j.id for j in new)  # each is tried once here; the next full pass has the rest
+        placements = engine.place_new(build_queue(new, ()), now, self._usage)
+        for placement in placements:
+            job = machine.jobs.get(placement.job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                continue
+            at = self.clock()
+            r = try_commit(self.store, C.JOB_START, job_id=job.id, at=at, attempt=job.attempt,
+                           epoch=self.epoch, allocations=[a.to_dict() for a in placement.allocations])
+            if r is None or not r["ok"]:
+                self._last = None  # the state and the engine disagree: a full pass next
+                if r is not None and "epoch" in r["error"]:
+                    self.step_down()
+                return True
+            self.placements += 1
+            self.quick_placements += 1
+            self.last_placement_at = self.clock()
+            self.timings.job_started(job, at)
+            self.pending_reasons.pop(job.id, None)
+        return bool(placements)
 
     def _preempt(self, p, now: float, reasons: dict[int, str]) -> None:
         """Tell an opportunistic job to stop for a guaranteed one (its member sends the signals)."""
