@@ -20,11 +20,11 @@ from .preempt import PreemptCommands, PreemptRejected
 from .tenants import Invite, TenantCommands, TenantRecord, TenantRejected
 
 _EPS = 1e-9
-# Commands that never give capacity back (nor change a node): the scheduler's quick path
-# (SchedulerRole.quick_place) stays valid across them. JOB_START is the scheduler's own.
-_KEEPS_CAPACITY = frozenset((C.JOB_SUBMIT, C.JOB_SUBMIT_BATCH, C.JOB_START, C.JOB_ANNOTATE, C.JOB_FORGET,
-                             C.TENANT_ENSURE, C.TENANT_INVITE, C.TENANT_JOIN, C.TENANT_ASSIGN, C.TENANT_SEEN,
-                             C.TENANT_SHARE, C.CLUSTER_BARRIER))
+# Commands that change a node or who schedules: each raises capacity_version (as does every
+# running job that gives back what it held): the scheduler's quick path
+# (SchedulerRole.quick_place) is valid only while it stays the same.
+_CHANGES_NODES = frozenset((C.NODE_REGISTER, C.NODE_DRAIN, C.NODE_RESUME, C.NODE_DOWN, C.NODE_UP, C.NODE_REMOVE,
+                            C.NODE_REMOVE_V2, C.SCHED_ELECT))
 
 
 class CommandRejected(Exception):
@@ -139,8 +139,9 @@ class StateMachine(TenantCommands, PreemptCommands):
         self.sched_epoch = 0  # raised by each new scheduler; placements carry it
         self.scheduler = ""
         self.applied = 0  # count of commands applied (the journal sequence)
-        # raised by every applied command that may give capacity back or change a node (not
-        # state: never saved; only compared within this process, by the scheduler)
+        # raised whenever capacity is given back (a running job that held any ends, is
+        # requeued or stopped) or a node changes (not state: never saved; only compared within
+        # this process, by the scheduler)
         self.capacity_version = 0
         self.usage = UsageSummary()  # forgotten jobs' usage, per tenant, day, node and model
         self._queued: dict[int, None] = {}  # insertion-ordered set
@@ -192,7 +193,7 @@ class StateMachine(TenantCommands, PreemptCommands):
             return {"ok": False, "error": str(e)}
         except (TypeError, KeyError, ValueError) as e:
             return {"ok": False, "error": f"malformed {name}: {e}"}
-        if name not in _KEEPS_CAPACITY:
+        if name in _CHANGES_NODES:
             self.capacity_version += 1
         return {"ok": True, **(result or {})}
 
@@ -417,6 +418,8 @@ class StateMachine(TenantCommands, PreemptCommands):
 
     def _release(self, job: Job) -> None:
         if job.id in self._running:
+            if any(a.cpus or a.mem_bytes or a.gpus for a in job.allocations):
+                self.capacity_version += 1
             del self._running[job.id]
             for a in job.allocations:
                 self._commit(a, -1)

@@ -76,7 +76,7 @@ def test_the_role_starts_a_new_job_at_once_until_capacity_is_given_back(tmp_path
     assert store.machine.jobs[late].state is JobState.RUNNING
 
 
-def test_the_capacity_version_moves_on_releases_and_node_changes_only():
+def test_the_capacity_version_moves_when_capacity_is_given_back_or_a_node_changes():
     from mtgpu.state.machine import StateMachine
     sm = StateMachine()
     sm.apply(C.command(C.TENANT_ENSURE, name="alice", uid=2001, gid=2001, at=1.0))
@@ -84,12 +84,15 @@ def test_the_capacity_version_moves_on_releases_and_node_changes_only():
     sm.apply(C.command(C.NODE_REGISTER, name="n1", gpus=[], cpus=2.0, mem_total_bytes=GiB, at=1.0))
     assert sm.capacity_version > v
     v = sm.capacity_version
-    r = sm.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, at=2.0,
-                           spec=JobSpec(script="#!/bin/bash\ntrue\n").to_dict()))
-    sm.apply(C.command(C.JOB_START, job_id=r["job_id"], at=3.0,
-                       allocations=[{"node": "n1", "cpus": 0, "mem_bytes": 0, "gpus": [], "vendor": None}]))
-    assert sm.capacity_version == v  # a submission and a start give nothing back
-    sm.apply(C.command(C.JOB_FINISH, job_id=r["job_id"], exit_code=0, at=4.0))
+    jobs = [sm.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, at=2.0,
+                               spec=JobSpec(script="#!/bin/bash\ntrue\n").to_dict()))["job_id"] for _ in range(2)]
+    for jid, cpus in zip(jobs, (0, 1)):
+        assert sm.apply(C.command(C.JOB_START, job_id=jid, at=3.0, allocations=[
+            {"node": "n1", "cpus": cpus, "mem_bytes": 0, "gpus": [], "vendor": None}]))["ok"]
+    assert sm.capacity_version == v  # submissions and starts give nothing back
+    sm.apply(C.command(C.JOB_FINISH, job_id=jobs[0], exit_code=0, at=4.0))
+    assert sm.capacity_version == v  # nor does the end of a job that held nothing
+    sm.apply(C.command(C.JOB_FINISH, job_id=jobs[1], exit_code=0, at=4.0))
     assert sm.capacity_version > v
     v = sm.capacity_version
     sm.apply(C.command(C.NODE_DRAIN, name="n1", at=5.0))
