@@ -59,14 +59,14 @@ if [ $# -gt 0 ]; then
 fi
 
 CLUSTER_TESTS=(test_cluster test_busy_members test_partitions test_clock_jump test_raft_roles test_startup_faults
-               test_directlink_cluster test_directlink_nat test_directlink_admin test_queue_order test_fuzz
-               # and some that start no container, so that the three parts take about as long
-               # (on 2 cores, 2026-12-03: about 10 minutes each)
+               test_directlink_cluster test_directlink_nat test_directlink_admin test_fuzz
+               # and others, so that the three parts take about as long (on 2 cores, 2026-12-03:
+               # about 12 minutes each, all three and the unit tests sharing the CPUs)
                test_tenants test_logs test_metrics test_storage test_supervisor_death test_tui test_usage
-               test_report_protocol)
+               test_report_protocol test_container_registry)
 # the Podman workspaces and the DirectLink tests that reach a member's workspace or sshd
 WORKSPACE_TESTS=(test_workspaces test_devcontainer_templates test_workspace_mounts test_workspace_ssh
-                 test_workspace_lifecycle test_node_files_sealed test_tui_workspace_wait test_container_registry
+                 test_workspace_lifecycle test_node_files_sealed test_tui_workspace_wait
                  test_directlink_member test_directlink_sessions test_directlink_client test_directlink_quiet
                  test_directlink_join)
 cluster_files=()
