@@ -197,6 +197,33 @@ def retention(
 
 
 @app.command()
+def backup(file: Path = typer.Argument(..., help="where to write it (created 0600; an existing file is replaced "
+                                                  "only once the new one is whole)")) -> None:
+    """Write a consistent copy of this node's state (queue, jobs' records, tenants with their
+    uid/gid and keys, usage) while it runs; `mtgpu-setup restore FILE` brings it back."""
+    import os
+
+    from ..state.backup import encode
+    doc = request(LocalClient, lambda c: c.backup())
+    data = encode(doc)
+    target = file.expanduser().absolute()
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        fail(f"cannot write the backup to {target}: {e.strerror or e}; give a writable path")
+    s = doc["summary"]
+    out.print(f"backup of {doc['node']} ({doc['mode']}, mtgpu {doc['mtgpu_version']}) written to {target}: "
+              f"{s['jobs']} jobs ({s['queued']} queued, {s['running']} running), {s['tenants']} tenants, "
+              f"{len(data) / 1024:.0f} KiB", markup=False, soft_wrap=True)
+
+
+@app.command()
 def jobs(active: bool = typer.Option(False, "--active"), json_out: bool = typer.Option(False, "--json"),
          wide: bool = wide_option()) -> None:
     """Jobs of all tenants (root or the admin group)."""

@@ -1,6 +1,6 @@
 """mtgpu-setup: set a node up. `install --yes` installs this machine as a node (packages,
 environment, config, service, autostart; docs/INSTALL.md), `status` says how it is,
-`uninstall [--purge]` removes it; `demo` runs a standalone node with simulated GPUs under
+`uninstall [--purge]` removes it; `restore FILE` brings a backup back; `demo` runs a standalone node with simulated GPUs under
 a local folder and shows a tenant's job finishing; `secret` prints a new cluster secret."""
 
 from __future__ import annotations
@@ -269,6 +269,26 @@ def status(
         for line in status_lines(doc):
             typer.echo(line)
     raise SystemExit(doc["exit"])
+
+
+@app.command()
+def restore(
+    file: Path = typer.Argument(..., help="a file `mtgpu-admin backup` wrote"),
+    config: Path = typer.Option(Path("/etc/mtgpu/mtgpu.toml"), "--config", help="the stopped node's config"),
+    force: bool = typer.Option(False, "--force", help="replace a state STATE_DIR holds already (it is moved "
+                                                      "aside, not deleted)"),
+) -> None:
+    """Make a backup the state of this stopped standalone node (a new machine, or after a
+    loss): its queue, jobs' records, tenants with their uid/gid and keys, and usage. Jobs
+    that ran when the backup was taken are requeued (requeue=no: lost)."""
+    from ..setup.restore import restore as do_restore
+    try:
+        lines = do_restore(file, config, force)
+    except SetupRefused as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(2)
+    for line in lines:
+        typer.echo(line)
 
 
 @app.command()

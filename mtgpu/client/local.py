@@ -144,6 +144,9 @@ class LocalClient:
             body["ttl_s"] = ttl_s
         return self._call("POST", "/v1/tenants", json=body)
 
+    def backup(self) -> dict:
+        return self._call("GET", "/v1/backup")
+
     def retention(self, dry_run: bool = True, as_of: float | None = None) -> dict:
         return self._call("POST", "/v1/retention", json={"dry_run": dry_run, "as_of": as_of})
 

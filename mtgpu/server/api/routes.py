@@ -187,6 +187,11 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
     def retention(body: RetentionRequest, request: Request) -> dict:
         return service.retention(caller(request), body.dry_run, body.as_of)
 
+    @app.get("/v1/backup")
+    def backup(request: Request) -> dict:
+        """The node's whole state, consistent (root or the admin group, on the Unix socket only)."""
+        return service.backup(caller(request))
+
     @app.get("/v1/usage")
     def usage(request: Request, since: str | None = None, until: str | None = None, by: str = "tenant") -> dict:
         """Every tenant's finished jobs' usage (root or the admin group; docs/ACCOUNTING.md)."""

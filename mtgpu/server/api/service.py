@@ -401,6 +401,15 @@ class MemberService:
         self.wake()
         return {"node": name, "drained": drain}
 
+    def backup(self, caller: Caller) -> dict:
+        """The whole state, taken under its lock (state/backup.py): `mtgpu-admin backup`."""
+        if not caller.is_admin:
+            raise ServiceError(403, "a backup needs root or the admin group (it holds every tenant's records)")
+        from ...state.backup import backup_document, mtgpu_version
+        with self.store.lock:
+            return backup_document(self.store.machine, self.config.NODE_NAME, self.config.CLUSTER_ID,
+                                   self.config.CLUSTER_MODE, self.clock(), mtgpu_version())
+
     def retention(self, caller: Caller, dry_run: bool, as_of: float | None) -> dict:
         """Run (or only list) what JOB_RETENTION_DAYS and TENANT_RETENTION_DAYS remove at `as_of` (default: now)."""
         if not caller.is_admin:
