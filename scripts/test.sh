@@ -19,6 +19,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
 VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
+# Every server and command the tests start imports mtgpu from this checkout (PYTHONPATH):
+# with PYTHONDONTWRITEBYTECODE set (as on the CI machines) each of them compiled some 110
+# modules again, 0.35 s of CPU per server start, minutes over the suite. Keep the bytecode
+# (__pycache__ is ignored by git), compiled once here rather than by the first processes at once.
+unset PYTHONDONTWRITEBYTECODE
+"$VENV/bin/python" -m compileall -q -j 2 mtgpu tests bench > /dev/null || true
 PYTEST=("$VENV/bin/python" -m pytest -q -p no:cacheprovider)
 LOAD=${MTGPU_TEST_LOAD:-0}
 if ! [[ "$LOAD" =~ ^[0-9]+$ ]]; then
