@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
 VENV=${MTGPU_VENV:-/opt/mtgpu/venv}
 # Every server and command the tests start imports mtgpu from this checkout (PYTHONPATH):
-# with PYTHONDONTWRITEBYTECODE set (as on the CI machines) each of them compiled some 110
+# with PYTHONDONTWRITEBYTECODE set (as in this project's machines' environment) each compiled some 110
 # modules again, 0.35 s of CPU per server start, minutes over the suite. Keep the bytecode
 # (__pycache__ is ignored by git), compiled once here rather than by the first processes at once.
 unset PYTHONDONTWRITEBYTECODE
