@@ -49,7 +49,7 @@ LOCAL_RULES = {
     ("GET", "/v1/workspaces/{name}"): "owner", ("POST", "/v1/workspaces/{name}/save"): "owner",
     ("POST", "/v1/workspaces/{name}/{action}"): "owner", ("POST", "/v1/podman/env"): "tenant",
     ("POST", "/v1/nodes/{name}/drain"): "admin", ("POST", "/v1/nodes/{name}/resume"): "admin",
-    ("POST", "/v1/nodes/{name}/remove"): "admin", ("POST", "/v1/retention"): "admin",
+    ("POST", "/v1/nodes/{name}/remove"): "admin", ("POST", "/v1/retention"): "admin", ("GET", "/v1/backup"): "admin",
     ("POST", "/v1/tenants"): "admin", ("GET", "/v1/tenants"): "admin", ("POST", "/v1/tenants/{name}/remove"): "admin",
     ("POST", "/v1/tenants/{name}/assign"): "admin", ("POST", "/v1/tenants/{name}/share"): "admin",
     ("POST", "/v1/dashboard/link"): "tenant", ("GET", "/v1/usage"): "admin", ("GET", "/v1/usage/mine"): "own",
