@@ -170,11 +170,8 @@ def _opened(log: str) -> str | None:
 
 
 def _running(node, user, name: str) -> dict | None:
-    import json
-    r = mtc(node, user, "show", name, "--json")
-    assert r.returncode == 0, (r.stdout, r.stderr)
-    ws = json.loads(r.stdout)
-    assert ws["state"] in ("queued", "running"), ws
+    ws = node.workspace_of(user.name, name)  # as `mt-container show --json NAME` says it
+    assert ws is not None and ws["state"] in ("queued", "running"), ws
     return ws if ws["state"] == "running" and ws["workspace"]["container"] else None
 
 

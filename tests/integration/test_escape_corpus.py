@@ -568,8 +568,8 @@ def test_own_podman_cannot_publish_a_privileged_port(lab):
 
 def _up(lab, name: str) -> dict:
     def up():
-        ws = mtc_json(lab.node, lab.alice, "show", name)
-        assert ws["state"] in ("queued", "running"), (ws["state"], ws["reason"])
+        ws = lab.node.workspace_of(lab.alice.name, name)  # as `mt-container show --json NAME` says it
+        assert ws is not None and ws["state"] in ("queued", "running"), ws and (ws["state"], ws["reason"])
         return ws if ws["state"] == "running" and ws["workspace"]["container"] else None
     return wait_for(f"workspace {name} to run", up, timeout_s=90, interval_s=0.3)
 

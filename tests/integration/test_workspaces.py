@@ -74,8 +74,8 @@ def http_get_as(user, port: int) -> str:
 
 def running(node, user, name: str) -> dict:
     def up():
-        ws = mtc_json(node, user, "show", name)
-        assert ws["state"] in ("queued", "running"), ws
+        ws = node.workspace_of(user.name, name)  # as `mt-container show --json NAME` says it
+        assert ws is not None and ws["state"] in ("queued", "running"), ws
         return ws if ws["state"] == "running" and ws["workspace"]["container"] else None
     return wait_for(f"workspace {name} to run", up, timeout_s=90, interval_s=0.2)
 
