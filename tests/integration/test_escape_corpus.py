@@ -594,8 +594,10 @@ def test_a_workspace_port_is_published_on_loopback_only(lab):
     ws = _up(lab, "ports")
     try:
         host_port = ws["workspace"]["ports"][0]["host_port"]
-        bound = [(a, p) for a, p, _ in _listening() if p == host_port]
-        assert bound and all(a == "0100007F" for a, _ in bound), bound  # 127.0.0.1, never 0.0.0.0 or ::
+        # the port listens a moment after the container runs (podman's port forwarder)
+        bound = wait_for(f"port {host_port} to listen", lambda: [(a, p) for a, p, _ in _listening() if p == host_port],
+                         timeout_s=30, interval_s=0.2)
+        assert all(a == "0100007F" for a, _ in bound), bound  # 127.0.0.1, never 0.0.0.0 or ::
     finally:
         mtc(lab.node, lab.alice, "rm", "ports")
     _unharmed(lab)
