@@ -202,23 +202,14 @@ class SchedulerRole:
         reasons.update(plan.rejected)
         reasons.update(waiting)
         for placement in plan.placements:
-            job = machine.jobs.get(placement.job_id)
-            if job is None or job.state is not JobState.QUEUED:
-                continue
-            at = self.clock()
-            r = try_commit(self.store, C.JOB_START, job_id=job.id, at=at, attempt=job.attempt,
-                           epoch=self.epoch, allocations=[a.to_dict() for a in placement.allocations])
+            r = self._start(placement)
             if r is None:
                 return True  # lost the cluster mid-pass; the next scheduler takes over
             if not r["ok"]:
-                reasons[job.id] = f"placement refused: {r['error']}"
+                reasons[placement.job_id] = f"placement refused: {r['error']}"
                 if "epoch" in r["error"]:
                     self.step_down()
                     return True
-                continue
-            self.placements += 1
-            self.last_placement_at = self.clock()
-            self.timings.job_started(job, at)  # a start leaves submitted_at and history as they were
         for p in plan.preemptions:
             self._preempt(p, now, reasons)
         self.pending_reasons = reasons
@@ -243,23 +234,32 @@ class SchedulerRole:
         seen.update(j.id for j in new)  # each is tried once here; the next full pass has the rest
         placements = engine.place_new(build_queue(new, ()), now, self._usage)
         for placement in placements:
-            job = machine.jobs.get(placement.job_id)
-            if job is None or job.state is not JobState.QUEUED:
-                continue
-            at = self.clock()
-            r = try_commit(self.store, C.JOB_START, job_id=job.id, at=at, attempt=job.attempt,
-                           epoch=self.epoch, allocations=[a.to_dict() for a in placement.allocations])
+            r = self._start(placement)
             if r is None or not r["ok"]:
                 self._last = None  # the state and the engine disagree: a full pass next
                 if r is not None and "epoch" in r["error"]:
                     self.step_down()
                 return True
-            self.placements += 1
-            self.quick_placements += 1
-            self.last_placement_at = self.clock()
-            self.timings.job_started(job, at)
-            self.pending_reasons.pop(job.id, None)
+            if not r.get("skipped"):
+                self.quick_placements += 1
+                self.pending_reasons.pop(placement.job_id, None)
         return bool(placements)
+
+    def _start(self, placement) -> dict | None:
+        """Commit one placement (JOB_START, fenced by this scheduler's epoch): the commit's
+        answer, {"ok": True, "skipped": True} for a job no longer queued (nothing to do), None
+        when the cluster could not be reached."""
+        job = self.store.machine.jobs.get(placement.job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return {"ok": True, "skipped": True}
+        at = self.clock()
+        r = try_commit(self.store, C.JOB_START, job_id=job.id, at=at, attempt=job.attempt,
+                       epoch=self.epoch, allocations=[a.to_dict() for a in placement.allocations])
+        if r is not None and r["ok"]:
+            self.placements += 1
+            self.last_placement_at = self.clock()
+            self.timings.job_started(job, at)  # a start leaves submitted_at and history as they were
+        return r
 
     def _preempt(self, p, now: float, reasons: dict[int, str]) -> None:
         """Tell an opportunistic job to stop for a guaranteed one (its member sends the signals)."""
