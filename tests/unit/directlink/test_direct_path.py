@@ -30,15 +30,21 @@ async def round_trip(session, size: int) -> None:
     assert bytes(got) == payload
 
 
+async def direct_session(port: int):
+    """(a, b, a's session with b) on loopback, once both sides are on the direct path."""
+    a = await endpoint(port, "a")
+    b = await endpoint(port, "b", on_stream=echo)
+    for e in (a, b):
+        assert await e.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
+        assert e.public == f"127.0.0.1:{e.udp.local_port()}"
+    session = await a.dial(b.id)
+    await until("the direct path", lambda: session.path == "direct" and b.answered[a.id][0].path == "direct")
+    return a, b, session
+
+
 def test_a_session_moves_to_the_direct_path_and_back_to_the_relay_without_ending():
     async def body(relay, port, seen):
-        a = await endpoint(port, "a")
-        b = await endpoint(port, "b", on_stream=echo)
-        for e in (a, b):
-            assert await e.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
-            assert e.public == f"127.0.0.1:{e.udp.local_port()}"
-        session = await a.dial(b.id)
-        await until("the direct path", lambda: session.path == "direct" and b.answered[a.id][0].path == "direct")
+        a, b, session = await direct_session(port)
         relayed = relay.forwarded_bytes
         await round_trip(session, 2_000_000)
         assert relay.forwarded_bytes - relayed < 50_000  # the 2 MB went direct
@@ -95,12 +101,7 @@ def test_a_peer_whose_data_comes_from_another_of_its_addresses_is_heard():
     from mtgpu.directlink.endpoint import TO_DIALER
 
     async def body(relay, port, seen):
-        a = await endpoint(port, "a")
-        b = await endpoint(port, "b", on_stream=echo)
-        for e in (a, b):
-            assert await e.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
-        session = await a.dial(b.id)
-        await until("the direct path", lambda: session.path == "direct" and b.answered[a.id][0].path == "direct")
+        a, b, session = await direct_session(port)
         receive = a.udp.on_datagram
         other = ("192.0.2.77", b.udp.local_port())  # an address of b's that a's path is not at
 
@@ -119,12 +120,7 @@ def test_a_peer_whose_data_comes_from_another_of_its_addresses_is_heard():
 
 def test_the_first_answer_makes_the_path_and_another_address_takes_over_only_once_it_is_silent():
     async def body(relay, port, seen):
-        a = await endpoint(port, "a")
-        b = await endpoint(port, "b", on_stream=echo)
-        for e in (a, b):
-            assert await e.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
-        session = await a.dial(b.id)
-        await until("the direct path", lambda: session.path == "direct")
+        a, b, session = await direct_session(port)
         st = session.direct
         made = st.addr
         token = st.my_token
