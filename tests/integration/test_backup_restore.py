@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mtgpu.state.backup import decode, encode
-from tests.support.node import PYTHON, REPO_ROOT, kill_leftover_runs, running_node
+from tests.support.node import PYTHON, REPO_ROOT, kill_leftover_runs, running_node, wait_for
 from tests.support.users import can_create_users
 
 if can_create_users():
@@ -48,7 +48,7 @@ def test_a_backup_taken_under_submissions_restores_every_job_once_and_every_tena
         t = threading.Thread(target=stream)
         t.start()
         try:
-            time.sleep(1.5)
+            wait_for("a few submissions accepted", lambda: len(accepted) >= 3, timeout_s=120, interval_s=0.1)
             began = time.monotonic()
             r = node.admin("backup", str(backup))
             time.sleep(0.5)
