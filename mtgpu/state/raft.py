@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 # first and does not depose it with a higher term; it gets the normal ones once it
 # has caught up.
 ELECTION_TIMEOUTS = (0.35, 0.8)
+REOPEN_POLL_S = 0.05  # a command that met a reopen is proposed again this often (apply)
 JOINING_ELECTION_TIMEOUTS = (1.5, 2.0)  # at most connectionTimeout (pysyncobj checks)
 LEADER_FACTS_S = 0.01  # how old leader_facts() may be (elections take 0.35 s at least)
 
@@ -286,20 +287,27 @@ class RaftState:
         return self._sync.raftCommitIndex
 
     def apply(self, command: dict, timeout_s: float = 10.0) -> dict:
-        done = threading.Event()
-        outcome: list = []
+        """Propose and wait. While this member reopens its replica in a new role (a member
+        joined or left the voters: a moment), the command is proposed once that is over,
+        within `timeout_s`, rather than refused: it had not left this member."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done = threading.Event()
+            outcome: list = []
 
-        def callback(result, error):
-            outcome.append((result, error))
-            done.set()
+            def callback(result, error, done=done, outcome=outcome):
+                outcome.append((result, error))
+                done.set()
 
-        self.apply_async(command, callback)
-        if not done.wait(timeout_s):
-            raise ReplicationError("the cluster did not commit the change in time (no quorum reachable?)")
-        result, error = outcome[0]
-        if error is not None:
-            raise error
-        return result
+            self.apply_async(command, callback)
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                raise ReplicationError("the cluster did not commit the change in time (no quorum reachable?)")
+            result, error = outcome[0]
+            if error is None:
+                return result
+            if getattr(error, "proposed", True) or time.monotonic() + REOPEN_POLL_S >= deadline:
+                raise error
+            time.sleep(REOPEN_POLL_S)
 
     def apply_async(self, command: dict, callback) -> None:
         """Propose `command` without waiting; callback(result, error) runs exactly once,
@@ -312,7 +320,7 @@ class RaftState:
                 consumer = self._consumer
         if reopening:
             callback(None, ReplicationError("this member is changing its Raft role right now; try again in a moment",
-                                            in_flux=True))
+                                            in_flux=True, proposed=False))
             return
 
         def done(result, fail_reason):

@@ -21,11 +21,13 @@ log = logging.getLogger(__name__)
 class ReplicationError(Exception):
     """A command could not be recorded: no leader, no quorum, a timeout, or a disk error.
     `in_flux`: the cluster was changing leader or this member its role; the same command
-    (keyed or idempotent) may be proposed again at once."""
+    (keyed or idempotent) may be proposed again at once. `proposed`: False when it never
+    left this member (any command may then be proposed again)."""
 
-    def __init__(self, message: str, in_flux: bool = False) -> None:
+    def __init__(self, message: str, in_flux: bool = False, proposed: bool = True) -> None:
         super().__init__(message)
         self.in_flux = in_flux
+        self.proposed = proposed
 
 
 class Store(Protocol):

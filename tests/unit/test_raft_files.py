@@ -260,3 +260,24 @@ def test_the_raft_thread_hands_over_the_snapshot_without_building_it(tmp_path):
         assert state["machine"]["applied"] == 2
     finally:
         rs.close()
+
+
+def test_a_command_that_meets_a_reopen_waits_for_it_instead_of_failing(tmp_path):
+    """A member reopens its replica when the voters change (a member joins): a command
+    proposed in that moment never left it, so `apply` proposes it once the reopen is over
+    (CI: a tenant's join was refused "changing its Raft role right now")."""
+    import threading
+    rs = _lone_replica(tmp_path, _free_address())
+    try:
+        rs._reopening = True
+        threading.Timer(0.4, lambda: setattr(rs, "_reopening", False)).start()
+        t0 = time.monotonic()
+        assert rs.apply(C.command(C.TENANT_ENSURE, name="alice", uid=2001, gid=2001, at=1.0))["ok"]
+        assert time.monotonic() - t0 >= 0.35  # it waited for the reopen, then went through
+        rs._reopening = True  # a reopen that outlasts the caller's bound: refused, saying why
+        from mtgpu.state.store import ReplicationError
+        with pytest.raises(ReplicationError, match="changing its Raft role"):
+            rs.apply(C.command(C.TENANT_ENSURE, name="bob", uid=2002, gid=2002, at=1.0), timeout_s=0.3)
+        rs._reopening = False
+    finally:
+        rs.close()
