@@ -59,17 +59,21 @@ def free_port(count: int = 1) -> int:
 
 
 def wait_for(what: str, check: Callable[[], object], timeout_s: float = 20.0, interval_s: float = 0.05):
-    """Poll `check` until it returns something truthy; fail saying what was awaited."""
+    """Poll `check` until it returns something truthy; fail saying what was awaited. A check
+    that takes long (it starts a command: a Python start is ~0.3 s of CPU) is followed by
+    a pause as long as it took, at most 1 s: polls that start processes back to back kept
+    a core busy while the suite's other parts waited for it."""
     deadline = time.monotonic() + timeout_s
     last_error = None
     while time.monotonic() < deadline:
+        began = time.monotonic()
         try:
             value = check()
             if value:
                 return value
         except Exception as e:  # noqa: BLE001 - reported if the deadline passes
             last_error = e
-        time.sleep(interval_s)
+        time.sleep(max(interval_s, min(1.0, time.monotonic() - began)))
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
 
 
