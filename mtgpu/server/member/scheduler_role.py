@@ -81,7 +81,7 @@ class SchedulerRole:
     # The last full pass, for quick_place: (its engine, the state machine and its
     # capacity_version then, the ids of the jobs queued then)
     _last: tuple | None = None
-    quick_placements: int = 0  # jobs placed by quick passes (nodes --json, tests)
+    quick_placements: int = 0  # jobs placed by quick passes (read by tests)
     job_retention_s: float = 30 * 86400.0
     tenant_retention_s: float = 180 * 86400.0
     _next_retention_at: float = 0.0
