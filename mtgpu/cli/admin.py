@@ -15,6 +15,7 @@ from ..model.tenant import SHARE_HELP, validate_share
 from ..model.units import UnitError, parse_size
 from .common import (Col, dropped_note, err, fail, give_link, one_line_summaries, out, print_json, print_jobs_table,
                      print_table, request, table_width, when, wrapped)
+from . import admin_clusters
 from .nodes_table import node_notes, nodes_table, nodes_text
 from .usage import checked, print_report, since_option, until_option, wide_option
 
@@ -160,8 +161,57 @@ def tenant_assign(
         r = request(LocalClient, lambda c: c.set_tenant_share(name, weight))
         out.print(f"tenant {name}: share {r['share']:g}")
     if cluster:
+        if admin_clusters.load_book():  # an admin of several clusters: each of them is told
+            admin_clusters.reassign(name, list(dict.fromkeys(cluster)), "assigned")
+            return
         request(LocalClient, lambda c: c.assign_tenant(name, list(cluster)))
         out.print(f"tenant {name}: clusters {', '.join(cluster)}")
+
+
+@tenant_app.command("unassign")
+def tenant_unassign(
+    name: str,
+    cluster: list[str] = typer.Option(..., "--cluster", help="a cluster id the tenant may no longer use (repeatable)"),
+) -> None:
+    """Take clusters from a tenant: those clusters then refuse its requests (its account,
+    ids and files stay, as after `assign`); the clusters of the book are told at once."""
+    tenants = {t["name"]: t for t in request(LocalClient, lambda c: c.tenants())}
+    if name not in tenants:
+        fail(f"no tenant named {name!r}; `mtgpu-admin tenant list` shows them", 2)
+    left = [c for c in tenants[name]["clusters"] if c not in cluster]
+    if admin_clusters.load_book():
+        admin_clusters.reassign(name, left, "unassigned " + ", ".join(cluster))
+        return
+    request(LocalClient, lambda c: c.assign_tenant(name, left))
+    out.print(f"tenant {name}: clusters {', '.join(left) or 'none'}")
+
+
+clusters_app = typer.Typer(add_completion=False, invoke_without_command=True,
+                           help="The clusters this admin runs (docs/CLUSTERS.md).")
+app.add_typer(clusters_app, name="clusters")
+
+
+@clusters_app.callback()
+def clusters_list(ctx: typer.Context, json_out: bool = typer.Option(False, "--json")) -> None:
+    """This cluster and those in the book (docs/CLUSTERS.md): members up, GPUs, jobs, tenants, health."""
+    if ctx.invoked_subcommand is None:
+        admin_clusters.clusters_list(json_out)
+
+
+@clusters_app.command("add")
+def clusters_add(
+    cluster_id: str = typer.Argument(..., help="the cluster's CLUSTER_ID"),
+    server: str = typer.Option(..., "--server", help="HOST:PORT of one of its members (its LISTEN)"),
+    secret_file: Path = typer.Option(..., "--secret-file", help="a file holding that cluster's secret (chmod 600)"),
+) -> None:
+    """Add another cluster this admin runs to the book (it must answer, signed with its secret)."""
+    admin_clusters.clusters_add(cluster_id, server, secret_file)
+
+
+@clusters_app.command("remove")
+def clusters_remove(cluster_id: str) -> None:
+    """Remove a cluster from the book (nothing changes on it)."""
+    admin_clusters.clusters_remove(cluster_id)
 
 
 def _as_of(text: str | None) -> float | None:

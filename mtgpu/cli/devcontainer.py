@@ -8,6 +8,7 @@ never take from a tenant (mounts outside the home, runArgs off the allow-list).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -16,9 +17,10 @@ import subprocess
 import tempfile
 
 from ..client.local import ClientError, LocalClient
-from ..workspaces.devcontainer import DevContainer, load_devcontainer
+from ..workspaces.devcontainer import DevContainer, load_devcontainer, locate_devcontainer
 from ..workspaces.errors import DevContainerError
-from ..workspaces.features import feature_dockerfile, stage_feature_context
+from ..workspaces.feature_archive import FeatureArchiveError, unpack
+from ..workspaces.features import FeatureRef, StagedFeatures, StagedFolder, feature_dockerfile, stage_feature_context
 from ..workspaces.homepath import mount_sources, source_problems
 from ..workspaces.mounts import HomeFolder
 from .common import err, fail
@@ -91,12 +93,17 @@ def base_images(dockerfile: str) -> list[str]:
 
 
 def refuse_own_image_build(dc: DevContainer, here: str, node: dict) -> None:
-    """Before any work: a `build` makes an image of the tenant's own, which runs only where
-    `[CONTAINERS] allow_user_images = true` (the node refuses it at create otherwise)."""
+    """Before any work: a `build` (or Features) makes an image of the tenant's own, which runs
+    only where `[CONTAINERS] allow_user_images = true` (the node refuses it at create otherwise)."""
+    what = '"build"' if dc.build is not None else "Features (" + ", ".join(r.key for r in dc.feature_refs) + ")"
+    _refuse_own_image(dc.config_path, what, here, node)
+
+
+def _refuse_own_image(config_path: str, what: str, here: str, node: dict) -> None:
     containers = node.get("containers")
     if containers is None or containers.get("user_images"):  # containers off: the node says so itself
         return
-    fail(f"{dc.config_path}: its \"build\" makes an image of your own, to run on {here}, which does not run "
+    fail(f"{config_path}: its {what} makes an image of your own, to run on {here}, which does not run "
          "tenants' own images ([CONTAINERS] allow_user_images = false); name an image the cluster offers in "
          "\"image\" instead (`mt-container create` without arguments lists the templates), or ask an admin to "
          "set allow_user_images = true or to stage your image", 2)
@@ -164,13 +171,69 @@ def build_features(dc: DevContainer, base: str) -> tuple[str, str]:
     return tag, here
 
 
-def checked_devcontainer(path: str, home: str, env: dict[str, str]) -> DevContainer:
+class StagedFromNode:
+    """The Features from a registry or a URL this node staged ([CONTAINERS] features), as
+    load_features asks for them: each archive fetched from the node (POST /v1/podman/env, the
+    way a build's staged base images are loaded), checked against its SHA-256 and unpacked,
+    checked again, into a fresh folder of the tenant's that lives until the build is done.
+    Before the first, a node that runs no tenant's own image refuses the file, as a build."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._dir = tempfile.TemporaryDirectory(prefix="mtgpu-staged-features-")
+        self._got: dict[str, StagedFolder | None] = {}
+        self._checked = False
+
+    def __enter__(self) -> "StagedFromNode":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._dir.cleanup()
+
+    def __call__(self, ref: FeatureRef) -> StagedFolder | None:
+        key = ref.staged_key
+        if key not in self._got:
+            self._got[key] = self._fetch(ref, key)
+        return self._got[key]
+
+    def _fetch(self, ref: FeatureRef, key: str) -> StagedFolder | None:
+        try:
+            with LocalClient() as c:
+                if not self._checked:
+                    here = c.health()["node"]
+                    config_path = locate_devcontainer(self.path)[0]
+                    _refuse_own_image(config_path, f"Feature {ref.key}", here,
+                                      next((n for n in c.nodes() if n["name"] == here), {}))
+                    self._checked = True
+                entry = (c.podman_env(features=[key]).get("features") or {}).get(key)
+        except ClientError as e:
+            fail(e)
+        if entry is None:
+            return None
+        where = f"features.{ref.key}"
+        data = base64.b64decode(entry["data"])
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise DevContainerError.one(where, ref.key, f"the staged archive {entry['archive']} did not arrive whole "
+                                                        "(its SHA-256 differs); try again")
+        folder = os.path.join(self._dir.name, str(len(self._got)))
+        os.mkdir(folder, 0o700)
+        try:
+            unpack(data, folder, entry["archive"])
+        except (FeatureArchiveError, OSError) as e:
+            raise DevContainerError.one(where, ref.key, f"its staged archive cannot be used: {e}") from None
+        return StagedFolder(folder, entry["sha256"])
+
+
+def checked_devcontainer(path: str, home: str, env: dict[str, str],
+                         staged: StagedFeatures | None = None) -> DevContainer:
     """The devcontainer.json at `path` read and checked as the tenant whose HOME is `home`:
     its text, then its host paths on the real file system (a symlink or '..' out of the home
     is refused here already); DevContainerError with every problem. The home is read in both
-    spellings, its real path and HOME's (a home reached through a symlink: /home -> /var/home)."""
+    spellings, its real path and HOME's (a home reached through a symlink: /home -> /var/home).
+    `staged`: where the node's staged Features come from (StagedFromNode); without it, a
+    Feature from a registry or a URL is refused."""
     home_folder = HomeFolder(os.path.realpath(home), home)
-    dc = load_devcontainer(path, home=home_folder, env=env)
+    dc = load_devcontainer(path, home=home_folder, env=env, staged=staged)
     problems = source_problems(mount_sources(dc.workspace_mount, dc.mounts, dc.run_args), home_folder)
     if problems:
         raise DevContainerError(problems, dc.config_path)
@@ -181,8 +244,13 @@ def read_devcontainer(path: str) -> dict:
     if os.geteuid() == 0:
         fail("--devcontainer is read as the tenant who creates the workspace; root cannot", 2)
     home = os.environ.get("HOME") or os.path.expanduser("~")
+    with StagedFromNode(path) as staged:  # the unpacked Features live until the build is done
+        return _read_devcontainer(path, home, staged)
+
+
+def _read_devcontainer(path: str, home: str, staged: StagedFromNode) -> dict:
     try:
-        dc = checked_devcontainer(path, home, dict(os.environ))
+        dc = checked_devcontainer(path, home, dict(os.environ), staged)
     except DevContainerError as e:
         fail(str(e), 2)
     if dc.ignored_keys:

@@ -83,7 +83,24 @@ def node_notes(nodes: list[dict], width: int = 80) -> list[str]:
         lines += _wrap(f"{n['name']} cannot do now:", width)
         for item in standing.get("fails", ()):
             lines += _wrap(item, width, "  - ", "    ")
+    lines += _versions_note(nodes, width)
     return lines
+
+
+def _versions_note(nodes: list[dict], width: int) -> list[str]:
+    """While members run different mtgpu versions (a rolling upgrade), which runs which, and
+    the state format they all apply (newer commands wait for it); nothing when all agree."""
+    versions: dict[str, list[str]] = {}
+    formats = []
+    for n in nodes:
+        if n.get("mtgpu_version"):
+            versions.setdefault(f"{n['mtgpu_version']} (state format {n.get('state_format', 1)})", []).append(n["name"])
+            formats.append(n.get("state_format", 1))
+    if len(versions) < 2:
+        return []
+    text = "mixed versions: " + "; ".join(f"{v} on {', '.join(names)}" for v, names in sorted(versions.items()))
+    return _wrap(f"{text}. Commands newer than state format {min(formats)} wait until every member is "
+                 "upgraded (docs/INSTALL.md).", width)
 
 
 def _wrap(text: str, width: int, first: str = "", rest: str = "  ") -> list[str]:

@@ -199,6 +199,14 @@ def servers(json_out: bool = typer.Option(False, "--json"),
                 [(s["server"], s["cluster_id"], s["tenant"], str(s["uid"])) for s in rows])
 
 
+@app.command("clusters")
+def clusters_cmd(json_out: bool = typer.Option(False, "--json")) -> None:
+    """The clusters you may use, as they say now: one an admin gave you is added to your
+    servers (and to the terminal app and VS Code), one taken from you is removed."""
+    from .remotegpu_clusters import clusters
+    clusters(_servers(), _save_servers, json_out, _client)
+
+
 def _servers_live(json_out: bool, wide: bool = False) -> None:
     """The servers view for scripts: one fetch of every joined cluster; a cluster that does
     not answer is listed as unreachable, its error under the table (and the exit status is 1)."""

@@ -1,5 +1,6 @@
 """mtgpu-setup: set a node up. `install --yes` installs this machine as a node (packages,
-environment, config, service, autostart; docs/INSTALL.md), `status` says how it is,
+environment, config, service, autostart; docs/INSTALL.md), `upgrade --from PATH` moves it to
+another version (jobs run on), `status` says how it is,
 `uninstall [--purge]` removes it; `restore FILE` brings a backup back; `demo` runs a standalone node with simulated GPUs under
 a local folder and shows a tenant's job finishing; `secret` prints a new cluster secret."""
 
@@ -23,6 +24,7 @@ from ..setup.install import InstallOptions, Installer, flags_from
 from ..setup.plan import SetupRefused, SetupWork, StepFailed, run_plan
 from ..setup.status import gather_status, status_lines
 from ..setup.uninstall import UninstallOptions, Uninstaller
+from ..setup.upgrade import UpgradeFailed, UpgradeOptions, Upgrader
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -239,6 +241,10 @@ def install(
                                                                          "packages (--no-packages: leave them)"),
     wait_timeout: float = typer.Option(None, "--wait-timeout", help="seconds to wait for the node to answer "
                                                                     "(default 90, more for a member that joins)"),
+    windows_drives: str = typer.Option(None, "--windows-drives", help="on a WSL2 host: hidden (the default: the "
+                                       "Windows drives under /mnt are made owner-only, in /etc/wsl.conf and the "
+                                       "mounts now in place, so tenants cannot read them) or open (left as WSL "
+                                       "mounts them); elsewhere there is nothing to do"),
 ) -> None:
     """Install this machine as a node: unattended with --yes, idempotent (a re-run changes nothing)."""
     options = InstallOptions(
@@ -246,8 +252,50 @@ def install(
         flags=flags_from(cluster_id=cluster_id, peers=peers, listen=listen, node_name=node_name,
                          ssh_listen=ssh_listen, state_dir=state_dir, tenant_home_root=tenant_home_root,
                          gpu_backend=gpu_backend),
-        sets=list(sets), first=first, secret_file=secret_file, wait_timeout_s=wait_timeout)
+        sets=list(sets), first=first, secret_file=secret_file, wait_timeout_s=wait_timeout,
+        windows_drives=windows_drives)
     _run_setup(Installer(options), yes)
+
+
+@app.command()
+def upgrade(
+    source: Path = typer.Option(..., "--from", help="the new mtgpu: a checkout's folder (with its pyproject.toml) "
+                                "or a wheel mtgpu-VERSION-py3-none-any.whl with the client's wheel beside it"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="upgrade without asking"),
+    root: Path = typer.Option(Path("/"), "--root", help=ROOT_HELP),
+    config: Path = typer.Option(None, "--config", help="the config path (default: as installed)"),
+    wait_timeout: float = typer.Option(None, "--wait-timeout", help="seconds to wait for the node to answer "
+                                                                    "after the start (default 90)"),
+) -> None:
+    """Upgrade the installed mtgpu to the package --from; jobs run on; rolls back on failure.
+
+    Builds the new environment beside the running one, stops the server alone, switches,
+    starts and waits for the new version; when that fails, the version before comes back
+    (docs/INSTALL.md, "Upgrading a node")."""
+    worker = Upgrader(UpgradeOptions(source=source, root=root, config=config, wait_timeout_s=wait_timeout),
+                      out=typer.echo)
+    try:
+        worker.preflight()
+        if not yes:
+            try:
+                go = typer.confirm(worker.question(), default=False)
+            except typer.Abort:
+                go = False
+            if not go:
+                typer.echo("not upgraded (you said no); --yes upgrades without asking")
+                raise SystemExit(1)
+        worker.run_steps()
+    except SetupRefused as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(2)
+    except StepFailed as e:
+        typer.echo(f"error: {e}; the node was left as it was", err=True)
+        raise SystemExit(1)
+    except UpgradeFailed as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(1)
+    typer.echo(f"upgraded to mtgpu {worker.new.version}; {worker.previous} keeps {worker.old.version} until the "
+               "next upgrade")
 
 
 @app.command()
@@ -279,8 +327,9 @@ def restore(
                                                       "aside, not deleted)"),
 ) -> None:
     """Make a backup the state of this stopped standalone node (a new machine, or after a
-    loss): its queue, jobs' records, tenants with their uid/gid and keys, and usage. Jobs
-    that ran when the backup was taken are requeued (requeue=no: lost)."""
+    loss), or the seed of a new cluster on the member that founds it alone (taken at its
+    first start): its queue, jobs' records, tenants with their uid/gid and keys, and usage.
+    Jobs that ran when the backup was taken are requeued (requeue=no: lost)."""
     from ..setup.restore import restore as do_restore
     try:
         lines = do_restore(file, config, force)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..directlink import noise
 from ..directlink.endpoint import Endpoint
+from ..directlink.frames import FrameError
 from ..directlink.identity import Credential, endpoint_id, invite_code_hash, invite_key
 from ..directlink.relay_client import RelayConnection, RelayRefused
 from ..directlink.services import ServiceRefused, open_service
@@ -51,39 +52,77 @@ def check_usable(info: dict | None, where: str) -> dict:
     return info
 
 
-async def connect(info: dict, key_path: Path | None, node: str, say=lambda text: None, key=None):
+RELAY_WAIT_S = 60.0   # a new session waits this long for a relay that does not answer (one restarting)
+RELAY_RETRY_S = 1.0   # ... asking it again this often
+
+
+async def connect(info: dict, key_path: Path | None, node: str, say=lambda text: None, key=None,
+                  wait_s: float | None = None):
     """(endpoint, session) with `node`, through the first relay that admits this key
-    (the one at `key_path`, or `key` itself: an invitation's)."""
+    (the one at `key_path`, or `key` itself: an invitation's). When no relay answers (one
+    restarting), waits for one up to `wait_s` (None: RELAY_WAIT_S; 0: no wait), said once:
+    sessions on the direct path outlive their relay, new ones need it."""
     key = key if key is not None else load_private_key(key_path)
     target = node_of(info, node)
     cred = Credential.from_dict(info["credential"])
     if cred.id != endpoint_id(key):
         raise ClientError(f"the stored DirectLink credential is for another key than {key_path}: "
                           "run `remotegpu-cli ssh-config` again")
-    problems = []
-    for address in info.get("relays", []):
-        host, _, port = address.rpartition(":")
-        host = host.strip("[]")
-        try:
-            ip = (await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM))[0][4][0]
-            relay = await RelayConnection.open(ip, int(port), key, cred)
-        except (RelayRefused, OSError, asyncio.TimeoutError, ValueError) as e:
-            problems.append(f"{address}: {e or type(e).__name__}")
-            continue
-        ep = Endpoint(key, relay)
-        try:
-            await ep.enable_direct((ip, int(port)))
-        except OSError:
-            pass  # relayed only
-        try:
-            session = await ep.dial(target["id"], timeout_s=20)
-        except SessionError as e:
-            await close_endpoint(ep)
-            problems.append(f"{address}: {e}")
-            continue
-        say(f"remotegpu: {target['name']} through the relay {address}")
-        return ep, session
+    relays = info.get("relays", [])
+    bound_s = RELAY_WAIT_S if wait_s is None else wait_s
+    end = time.monotonic() + bound_s
+    waited = False
+    while True:
+        problems, silent = [], []
+        for address in relays:
+            try:
+                ep, session = await _through(address, key, cred, target)
+            except (OSError, asyncio.TimeoutError, EOFError) as e:  # no answer: down, restarting, unreachable
+                silent.append(address)
+                problems.append(f"{address}: {e or type(e).__name__}")
+                continue
+            except (RelayRefused, ValueError, FrameError) as e:  # it answered no: final
+                problems.append(f"{address}: {e or type(e).__name__}")
+                continue
+            except SessionError as e:  # the relay answered; the node did not (yet: it may be reconnecting)
+                problems.append(f"{address}: {e}")
+                if waited:
+                    silent.append(address)
+                continue
+            say(f"remotegpu: {target['name']} through the relay {address}")
+            return ep, session
+        if not silent or time.monotonic() + RELAY_RETRY_S > end:
+            break
+        if not waited:
+            waited = True
+            which = (f"the relay {silent[0]} is" if len(silent) == 1 else
+                     f"the relays {', '.join(silent)} are")
+            say(f"remotegpu: {which} not answering; waiting for it (up to {bound_s:g} s)...")
+        await asyncio.sleep(RELAY_RETRY_S)
+    if waited:
+        raise ClientError(f"cannot reach {node} through DirectLink: no relay answered within {bound_s:g} s ("
+                          + "; ".join(problems) + "). New sessions need the relay (open ones on the direct path "
+                          f"go on without it): ask the admin of {info.get('cluster_id')!r} to start it "
+                          "(mtgpu-relay), or check that this network reaches it")
     raise ClientError(f"cannot reach {node} through DirectLink: " + ("; ".join(problems) or "no relay listed"))
+
+
+async def _through(address: str, key, cred: Credential, target: dict):
+    """(endpoint, session) with `target` through the relay at `address` (raises why not)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    ip = (await asyncio.get_running_loop().getaddrinfo(host, int(port), type=socket.SOCK_STREAM))[0][4][0]
+    relay = await RelayConnection.open(ip, int(port), key, cred)
+    ep = Endpoint(key, relay)
+    try:
+        await ep.enable_direct((ip, int(port)))
+    except OSError:
+        pass  # relayed only
+    try:
+        return ep, await ep.dial(target["id"], timeout_s=20)
+    except SessionError:
+        await close_endpoint(ep)
+        raise
 
 
 async def close_endpoint(ep: Endpoint, timeout_s: float = 2.0) -> None:
@@ -185,6 +224,7 @@ class Tunnel:
         self._redial: asyncio.Lock | None = None
         self.last_error = ""  # why the last connection could not be served ("" while all were)
         self.redials = 0      # sessions dialled again after one ended or stopped answering
+        self.dial_s = 0.0     # how long the first session took to open (relay, node, handshake)
 
     @property
     def path(self) -> str:
@@ -196,12 +236,22 @@ class Tunnel:
         """The path in the words the client shows: "p2p" or "relayed"."""
         return "p2p" if self.path == "direct" else "relayed"
 
-    def settle(self, timeout_s: float = 2.0) -> str:
+    SETTLE_S = (2.0, 10.0)  # the direct path's time to come up: at least, at most
+    SETTLE_DIALS = 4        # ... or this many times the dial took, between the two
+
+    def settle(self, timeout_s: float | None = None) -> str:
         """The path in use once the direct path had `timeout_s` to come up (it takes a few
-        hundred ms where the NATs allow it; no wait where this endpoint has no UDP)."""
+        hundred ms where the NATs allow it; no wait where this endpoint has no UDP). None:
+        SETTLE_DIALS times as long as the dial took, within SETTLE_S: its offer, the peer's
+        punch and the probes' answers are a few round trips through the same relay and
+        peer, and on a loaded machine (the peer's or this one) a fixed 2 s left every
+        command of a CI run on the relay although the direct path came up each time."""
         ep = self._endpoint
         if ep is None or ep.udp is None or not ep.public:
             return self.path
+        if timeout_s is None:
+            low, high = self.SETTLE_S
+            timeout_s = min(high, max(low, self.SETTLE_DIALS * self.dial_s))
         end = time.monotonic() + timeout_s
         while self.path != "direct" and time.monotonic() < end and not self._closing:
             time.sleep(0.05)
@@ -237,7 +287,9 @@ class Tunnel:
     async def _open(self) -> None:
         from ..directlink.services import pipe
         self._redial = asyncio.Lock()
-        self._endpoint, self.session = await connect(self.info, self.key_path, self.node, key=self.key)
+        began = time.monotonic()
+        self._endpoint, self.session = await connect(self.info, self.key_path, self.node, key=self.key, wait_s=0)
+        self.dial_s = time.monotonic() - began
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self._writers.add(writer)
@@ -287,7 +339,8 @@ class Tunnel:
                 return self.session  # another connection dialled already
             old = self._endpoint
             try:
-                self._endpoint, self.session = await connect(self.info, self.key_path, self.node, key=self.key)
+                self._endpoint, self.session = await connect(self.info, self.key_path, self.node, key=self.key,
+                                                             wait_s=0)
             except (ClientError, OSError, asyncio.TimeoutError) as e:
                 self.last_error += f"; dialling again failed: {e}"
                 return None

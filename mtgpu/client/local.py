@@ -65,10 +65,13 @@ class LocalClient:
         return ClientError(f"talking to the node at {self.socket_path} failed: {e}")
 
     # ---------------------------------------------------------------- calls
-    def podman_env(self, load: list[str] | None = None, enter: str | None = None) -> dict:
+    def podman_env(self, load: list[str] | None = None, enter: str | None = None,
+                   features: list[str] | None = None) -> dict:
         """`enter`: the container this process will `podman exec` into (it is moved into that
-        job's cgroup, fenced to its GPUs)."""
-        body = {**({"load": load} if load else {}), **({"enter": enter} if enter else {})}
+        job's cgroup, fenced to its GPUs). `features`: Features whose staged archives to get
+        (the answer's `features`, those staged on this node)."""
+        body = {**({"load": load} if load else {}), **({"enter": enter} if enter else {}),
+                **({"features": features} if features else {})}
         return self._call("POST", "/v1/podman/env", json=body or None, timeout=1800)
 
     def attach(self, job_id: int) -> dict:
@@ -156,8 +159,15 @@ class LocalClient:
     def remove_tenant(self, name: str) -> dict:
         return self._call("POST", f"/v1/tenants/{name}/remove")
 
-    def assign_tenant(self, name: str, clusters: list[str]) -> dict:
-        return self._call("POST", f"/v1/tenants/{name}/assign", json={"clusters": clusters})
+    def assign_tenant(self, name: str, clusters: list[str], servers: dict[str, str] | None = None) -> dict:
+        body: dict = {"clusters": clusters}
+        if servers:
+            body["servers"] = servers
+        return self._call("POST", f"/v1/tenants/{name}/assign", json=body)
+
+    def admin_summary(self) -> dict:
+        """This cluster at a glance (`mtgpu-admin clusters`)."""
+        return self._call("GET", "/v1/admin/summary")
 
     def usage(self, since: str | None = None, until: str | None = None, by: str | None = None,
               mine: bool = False) -> dict:

@@ -256,6 +256,25 @@ def _network(value: str) -> str:
     return value
 
 
+def _feature_archives(value: dict) -> dict:
+    """`features`: each key a Feature as devcontainer.json names one from a registry
+    (registry/namespace/id[:tag]) or a URL, each once; each value an absolute path (the node
+    reads and checks the archive itself at start: agent side, as root)."""
+    from mtgpu.workspaces.features import feature_key
+
+    seen: dict[str, str] = {}
+    for ref in value:
+        key = feature_key(ref)
+        if key is None:
+            raise _bad(f"{ref!r} is not a Feature from a registry or a URL; name it as devcontainer.json does, e.g. "
+                       '"ghcr.io/devcontainers/features/node:1" = "/srv/mtgpu/features/node-1.tgz" (a local Feature, '
+                       '"./NAME", is the tenant\'s own folder and needs no staging)')
+        if key in seen:
+            raise _bad(f"{ref!r} and {seen[key]!r} are the same Feature ({key}); stage each Feature once")
+        seen[key] = ref
+    return value
+
+
 ImageName = Annotated[str, AfterValidator(_image_name)]
 
 
@@ -282,6 +301,13 @@ class ContainersConfig(BaseModel):
                                           "(STATE_DIR/images; with HOME_LAYOUT = \"shared\" under "
                                           "TENANT_HOME_ROOT/.mtgpu-images for every node); a tenant's first use "
                                           "loads the archive into its own store")
+    features: Annotated[dict[str, AbsolutePath], AfterValidator(_feature_archives)] = Field(
+        default_factory=dict, description="Dev Container Features from a registry or a URL that devcontainer.json files "
+                                          "may name, each staged as its archive (what the registry serves: a tar or "
+                                          "tar.gz of the Feature's folder, devcontainer-feature.json and install.sh at "
+                                          "its root), a file of root's that no one else may write; read and checked at "
+                                          "start (a missing, unreadable or damaged archive stops the node), e.g. "
+                                          '{ "ghcr.io/devcontainers/features/node:1" = "/srv/mtgpu/features/node-1.tgz" }')
     registry_auth_file: AbsolutePath | None = Field(
         None, description="credentials (containers-auth.json) for pulling `images` from private registries; must "
                           "be readable by root only; tenants never see them")

@@ -8,7 +8,8 @@ every PROBE_EVERY_S for PUNCH_FOR_S. A probe carries the receiver's token, so on
 session's peer can make a path; the first answer to a probe makes the path up at the
 address it came from (another takes over only once that one went silent). While up, keep-alive probes every KEEPALIVE_S hold the NAT mappings, and
 DOWN_AFTER_S with nothing heard puts the session back on the relay; it tries again
-every RETRY_EVERY_S.
+every RETRY_EVERY_S. An endpoint whose public address the relay has not told (its
+answer was lost) asks again every PUBLIC_RETRY_S and offers it once known.
 
 UDP datagrams: PROBE or ACK + 16-byte token, or a session tag (endpoint.py) + a QUIC
 datagram (sent to the address the path is up at, taken from any of the peer's: endpoint.py).
@@ -30,6 +31,7 @@ PUNCH_FOR_S = 5.0
 KEEPALIVE_S = 1.0
 DOWN_AFTER_S = 3.0
 RETRY_EVERY_S = 10.0
+PUBLIC_RETRY_S = 5.0  # the relay did not tell our public UDP address: asked again this often
 OPENER_TTL = 2
 SOCKET_BUFFER = 4 * 1024 * 1024
 

@@ -100,7 +100,8 @@ class Endpoint:
         await self._learn_public()
         self._keeper = asyncio.ensure_future(self._keep_paths())
         if self.public is None:
-            log.info("directlink: the relay does not answer over UDP: sessions stay on the relay")
+            log.info("directlink: the relay does not answer over UDP (asked again every %g s): sessions stay on "
+                     "the relay until it does", D.PUBLIC_RETRY_S)
         return self.public is not None
 
     async def _learn_public(self) -> bool:
@@ -313,10 +314,17 @@ class Endpoint:
             s.feed(body)
 
     async def _keep_paths(self) -> None:
+        public_retry_at = time.monotonic() + D.PUBLIC_RETRY_S
         while True:
             await asyncio.sleep(TICK_S)
             now = time.monotonic()
             moved = suspect = False
+            if self.public is None and now >= public_retry_at:
+                # the relay's UDP answer was lost (a busy relay, a relay that started after
+                # us): without our public address no peer behind a NAT can reach us, for as
+                # long as the endpoint lives (a member's: for days). Ask again.
+                public_retry_at = now + D.PUBLIC_RETRY_S
+                moved = True
             for s in self.sessions():
                 st = getattr(s, "direct", None)
                 if st is None:
@@ -410,6 +418,9 @@ class Endpoint:
                 log.info("directlink: this endpoint's public UDP address is now %s", self.public)
                 for s in self.sessions():
                     self._offer(s, moved=force)
+                    st = getattr(s, "direct", None)
+                    if not force and st is not None and st.addr is None and st.peer_token is not None:
+                        self._punch(s)  # our openers now, while the peer punches on our offer
         finally:
             self._asking = False
 

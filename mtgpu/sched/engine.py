@@ -64,14 +64,17 @@ class Scheduler:
         self.fleet = Fleet(snapshot)
         self._explicit_workload = workload is not None
         self.set_workload(workload if workload is not None else shapes_from_queue(()))
-        self._never_cache: dict[JobSpec, str | None] = {}
+        # Caches per spec are keyed by a small int, one per distinct spec (`spec_key`): hashing a
+        # JobSpec hashes all its fields, and a pass looks each job's spec up several times.
+        self._never_cache: dict[int, str | None] = {}
         self._hardware: dict[str, int] | None = None  # satisfiable.hardware_ids, when first needed
-        self._able_cache: dict[JobSpec, np.ndarray] = {}
-        self._pin_cache: dict[JobSpec, np.ndarray] = {}
-        self._reqs_cache: dict[JobSpec, list[RankRequest]] = {}
-        # the same by object identity (hashing a JobSpec hashes all its fields); the entry keeps
-        # the spec alive, so its id cannot be reused by another object meanwhile
-        self._reqs_by_id: dict[int, tuple[JobSpec, list[RankRequest]]] = {}
+        self._able_cache: dict[int, np.ndarray] = {}
+        self._pin_cache: dict[int, np.ndarray] = {}
+        self._spec_keys: dict[JobSpec, tuple[int, list[RankRequest], int]] = {}
+        self._where_keys: dict[tuple, int] = {}
+        # the same by object identity; the entry keeps the spec alive, so its id cannot be
+        # reused by another object meanwhile
+        self._spec_by_id: dict[int, tuple[JobSpec, int, list[RankRequest], int]] = {}
         # (ends_at, allocations) of running jobs with a known end, sorted, for backfill
         self.holds: Holds | None = None  # what the last run() left blocked jobs holding (place_new)
         self._events: list[tuple[float, int, tuple[NodeAllocation, ...]]] = sorted(
@@ -112,8 +115,7 @@ class Scheduler:
             self._compute(req, s, np.arange(self.fleet.n))
             s.pos = len(log)
         elif s.pos < len(log):
-            changed = log[s.pos:]
-            rows = np.fromiter(set(changed), dtype=np.int64) if len(changed) > 1 else np.array(changed)
+            rows = self.fleet.changed_since(s.pos)
             # Within a pass a node only loses capacity: where a request did not fit, it still does not.
             rows = rows[s.score[rows] > NEG]
             if len(rows):
@@ -164,8 +166,9 @@ class Scheduler:
             s.gpu[rows] = np.argmin(load, axis=1)
             s.score[rows] = -load.min(axis=1)
             return
-        share = self._share(req, rows)
         if req.gpu_count == 1 and req.mode == GpuMode.SHARED:
+            # a fraction takes the same share of every GPU (with vram= too: RankRequest.shared_share)
+            share = req.fraction if req.fraction < 1.0 else self._share(req, rows, left)
             # one candidate state per GPU the share could go to
             after = self.frag.value_one_gpu(left, gmodel, share, cpu, mem, ok)
             v = after + share
@@ -178,6 +181,7 @@ class Scheduler:
                 s.after[rows] = after[at, best]
             s.score[rows] = self._step(v[at, best] - old)
             return
+        share = self._share(req, rows, left)
         take = ok & (np.cumsum(ok, axis=1) <= req.gpu_count)
         taken = take * share
         after = self.frag.value(left - taken, gmodel, cpu, mem)
@@ -195,31 +199,47 @@ class Scheduler:
             return gain
         return np.floor(gain / SCORE_STEP + 1e-6)
 
-    def _share(self, req: RankRequest, rows: np.ndarray) -> np.ndarray:
+    def _share(self, req: RankRequest, rows: np.ndarray, left: np.ndarray) -> np.ndarray:
         """Per GPU slot: the share of it one GPU of `req` takes."""
         f = self.fleet
         if req.mode == GpuMode.SHARED and req.fraction < 1.0:
-            return np.full(f.left[rows].shape, req.fraction)  # with vram= too (RankRequest.shared_share)
+            return np.full(left.shape, req.fraction)  # with vram= too (RankRequest.shared_share)
         if req.mode == GpuMode.SHARED and req.vram_bytes is not None:
             total = f.vram_total[rows]
             return np.where(total > 0, np.minimum(1.0, req.vram_bytes / np.maximum(total, 1)), 1.0)
-        return f.left[rows]  # a whole GPU takes what is left of it (all of an idle one)
+        return left  # a whole GPU takes what is left of it (all of an idle one): f.left[rows]
 
     # ---- verdicts ---------------------------------------------------------------
 
-    def requests(self, spec: JobSpec) -> list[RankRequest]:
-        e = self._reqs_by_id.get(id(spec))
+    def _spec(self, spec: JobSpec) -> tuple[JobSpec, int, list[RankRequest], int]:
+        e = self._spec_by_id.get(id(spec))
         if e is not None and e[0] is spec:
-            return e[1]
-        r = self._reqs_cache.get(spec)
-        if r is None:
-            r = self._reqs_cache[spec] = rank_requests(spec)
-        self._reqs_by_id[id(spec)] = (spec, r)
-        return r
+            return e
+        k = self._spec_keys.get(spec)
+        if k is None:
+            reqs = rank_requests(spec)
+            # what where a job could ever go, and its reject reason, read (not time=, priority, ...)
+            where = (tuple(reqs), spec.nodes, spec.server, spec.exclude, spec.container)
+            k = self._spec_keys[spec] = (len(self._spec_keys), reqs, self._where_keys.setdefault(where, len(self._where_keys)))
+        e = self._spec_by_id[id(spec)] = (spec, k[0], k[1], k[2])
+        return e
+
+    def _where_key(self, spec: JobSpec) -> int:
+        """The same int for specs that the same nodes could ever take (`able`, `pinned`,
+        `never_fits`: their requests, nodes=, server=, exclude= and container)."""
+        return self._spec(spec)[3]
+
+    def spec_key(self, spec: JobSpec) -> int:
+        """The same int for equal specs (a cheap dict key)."""
+        return self._spec(spec)[1]
+
+    def requests(self, spec: JobSpec) -> list[RankRequest]:
+        return self._spec(spec)[2]
 
     def able(self, spec: JobSpec) -> np.ndarray:
         """Per node: could it ever host one rank of `spec` (any alternative)?"""
-        m = self._able_cache.get(spec)
+        key = self._where_key(spec)
+        m = self._able_cache.get(key)
         if m is None:
             m = np.zeros(self.fleet.n, dtype=bool)
             for req in self.requests(spec):
@@ -227,7 +247,7 @@ class Scheduler:
             pin = self.pinned(spec)
             if pin is not None:
                 m &= pin
-            self._able_cache[spec] = m
+            self._able_cache[key] = m
         return m
 
     def pinned(self, spec: JobSpec) -> np.ndarray | None:
@@ -235,7 +255,8 @@ class Scheduler:
         container job only where its image can run); None when every node may."""
         if spec.server is None and spec.container is None and not spec.exclude:
             return None
-        m = self._pin_cache.get(spec)
+        key = self._where_key(spec)
+        m = self._pin_cache.get(key)
         if m is None:
             m = np.ones(self.fleet.n, dtype=bool)
             if spec.server is not None:
@@ -253,13 +274,14 @@ class Scheduler:
                     row = self.fleet.row_of.get(node.name)
                     if row is not None and container_reason(spec.container, node, offered) is not None:
                         m[row] = False
-            self._pin_cache[spec] = m
+            self._pin_cache[key] = m
         return m
 
     def never_fits(self, spec: JobSpec) -> str | None:
         """The reject reason (check_satisfiable), with a vectorized fast path for "fits"."""
-        if spec in self._never_cache:
-            return self._never_cache[spec]
+        key = self._where_key(spec)
+        if key in self._never_cache:
+            return self._never_cache[key]
         if spec.nodes >= 1 and (spec.server is None or (spec.server in self.fleet.row_of and spec.nodes == 1)) \
                 and int(self.able(spec).sum()) >= spec.nodes:
             r = None
@@ -267,7 +289,7 @@ class Scheduler:
             if self._hardware is None:
                 self._hardware = hardware_ids(self.snapshot.nodes)
             r = check_satisfiable(spec, self.snapshot, self._hardware)
-        self._never_cache[spec] = r
+        self._never_cache[key] = r
         return r
 
     # ---- placing ---------------------------------------------------------------
@@ -487,15 +509,19 @@ class Scheduler:
         reserved = 0
         waiting: dict[int, JobSpec] = {}
         held: dict[int, str] = {}
-        held_why: dict[tuple[JobSpec, int, int], str] = {}
+        # what a blocked job's verdicts read: where it could go (_where_key), its end (the
+        # holds that bind it) and what the pass did so far (placements, holds)
+        held_why: dict[tuple[int, float, int, int], str] = {}
+        fits: dict[tuple[int, int], bool] = {}
         # Within a pass capacity is only taken and holds only grow, so a request that
         # could not be placed cannot be placed later in the pass either; and what a
         # blocked request could do (fit now, reserve) is the same until a placement.
-        unplaceable: set[JobSpec] = set()
-        blocked: dict[JobSpec, list] = {}  # spec -> [placements so far, fits_now, reservation]
+        unplaceable: set[int] = set()  # spec keys
+        blocked: dict[int, list] = {}  # spec key -> [placements so far, fits_now, reservation]
         not_placed: list[PendingJob] = []  # in queue order: who may preempt (preempt.py)
         for job in order:
             spec = job.spec
+            skey = self.spec_key(spec)
             never = self.never_fits(spec)
             if never is not None:
                 plan.rejected[job.job_id] = never
@@ -508,7 +534,7 @@ class Scheduler:
                     continue
             ends = now + spec.time_limit_s if spec.time_limit_s else math.inf
             binding = holds.for_job(ends)
-            allocs = None if spec in unplaceable else self.place(spec, job.job_id, binding)
+            allocs = None if skey in unplaceable else self.place(spec, job.job_id, binding)
             if allocs is not None:
                 plan.placements.append(Placement(job.job_id, allocs))
                 if job.array_parent is not None:
@@ -518,16 +544,19 @@ class Scheduler:
                     bisect.insort(self._events, (ends, job.job_id, allocs))
                 holds.placed(allocs, ends)
                 continue
-            unplaceable.add(spec)
+            unplaceable.add(skey)
             not_placed.append(job)
-            known = blocked.get(spec)
+            known = blocked.get(skey)
             if known is None or known[0] != len(plan.placements):
-                known = blocked[spec] = [len(plan.placements), None, _UNKNOWN]
+                known = blocked[skey] = [len(plan.placements), None, _UNKNOWN]
             # Blocked: it waits, and what it needs is held so later jobs cannot delay it.
             if binding is not None and known[1] is None:
-                known[1] = self.fits_now(spec)
+                wkey = (self._where_key(spec), len(plan.placements))
+                known[1] = fits.get(wkey)
+                if known[1] is None:
+                    known[1] = fits[wkey] = self.fits_now(spec)
             if binding is not None and known[1]:
-                key = (spec, len(plan.placements), len(holds.holders))
+                key = (self._where_key(spec), ends, len(plan.placements), len(holds.holders))
                 why = held_why.get(key)
                 if why is None:
                     why = held_why[key] = self._why_held(spec, binding, holds)
@@ -545,11 +574,12 @@ class Scheduler:
             else:
                 holds.hold_unknown(job.job_id, self.requests(spec), (spec.server, spec.container, spec.exclude),
                                    self.able(spec))
-        reasons: dict[JobSpec, str] = {}
+        reasons: dict[int, str] = {}
         for jid, spec in waiting.items():
-            r = reasons.get(spec)
+            wkey = self._where_key(spec)
+            r = reasons.get(wkey)
             if r is None:
-                r = reasons[spec] = self.why_pending(spec)
+                r = reasons[wkey] = self.why_pending(spec)
             plan.pending[jid] = r
         plan.pending.update(held)
         if any(r.preemptible or r.preempting_for is not None for r in self.snapshot.running):

@@ -79,6 +79,7 @@ class Fleet:
         # all of the node's GPUs are of one kind (any k idle GPUs leave the same shares by kind)
         self.uniform = ((self.gmodel == self.gmodel[:, :1]) | (self.gmodel == self.no_gpu)).all(axis=1)
         self.log: list[int] = []  # rows changed, in order
+        self.stamp = np.full(n, -1, dtype=np.int64)  # per row: its last position in `log`
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
         self._match_slots: dict[tuple[str | None, str | None], np.ndarray] = {}
         self._gpu_counts: dict[tuple[str | None, str | None, int | None], np.ndarray] = {}
@@ -179,7 +180,18 @@ class Fleet:
             sid = ids[key] = len(ids)
         self.state_id[i] = sid
         if log:
+            self.stamp[i] = len(self.log)
             self.log.append(i)
+
+    def changed_since(self, pos: int) -> np.ndarray:
+        """The rows changed since `log` had `pos` entries, each once."""
+        log = self.log
+        m = len(log) - pos
+        if m == 1:
+            return np.array(log[pos:], dtype=np.int64)
+        if m * 16 > self.n:  # a long stretch of the log: one pass over the stamps is cheaper
+            return np.flatnonzero(self.stamp >= pos)
+        return np.fromiter(set(log[pos:]), dtype=np.int64)
 
     def row_keys(self, rows: np.ndarray) -> np.ndarray:
         """An id per row of everything fit and scoring read: equal rows, equal ids."""

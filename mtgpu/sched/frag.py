@@ -17,7 +17,6 @@ nodes) are broken by a hash of the job id, so a decision can be replayed.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 
 import numpy as np
@@ -221,22 +220,25 @@ class FragModel:
         gu = np.where(usable.sum(axis=1) >= self.g_n, u, 0.0)
         return np.einsum("bk,bk->b", gu, self._weights(cpu, mem, left.sum(axis=1), gu.any(axis=0)))
 
-    def value_one_gpu(self, left: np.ndarray, gmodel: np.ndarray, share: np.ndarray,
+    def value_one_gpu(self, left: np.ndarray, gmodel: np.ndarray, share: np.ndarray | float,
                       cpu: np.ndarray, mem: np.ndarray, cand: np.ndarray) -> np.ndarray:
-        """V after taking `share` (B, G) from one GPU j of each node, for every candidate j
-        (`cand`, B x G); -inf elsewhere.
+        """V after taking `share` (B, G; or one share for every GPU) from one GPU j of each
+        node, for every candidate j (`cand`, B x G); -inf elsewhere.
 
-        Only GPU j changes, so the sums over GPUs are updated rather than recomputed, and
-        only for the first of the candidate GPUs of a node that are alike (same kind, share
-        left and share taken): the others would give the same value and never be chosen."""
+        Only GPU j changes, so the sums over GPUs are updated rather than recomputed. A
+        candidate GPU alike the one before it (same kind, share left and share taken) gives
+        the same value, so it is skipped: the first of alike GPUs is always scored, and the
+        caller takes the first best (skipping only next neighbours keeps that choice)."""
         if self.empty:
             return np.where(cand, 0.0, -np.inf)
         out = np.full(left.shape, -np.inf)
-        g = left.shape[1]
-        if g > 1:
-            same = ((left[:, :, None] == left[:, None, :]) & (share[:, :, None] == share[:, None, :])
-                    & (gmodel[:, :, None] == gmodel[:, None, :]) & cand[:, None, :])
-            cand = cand & ~(same & _earlier(g)).any(axis=2)
+        scalar = not isinstance(share, np.ndarray)
+        if left.shape[1] > 1:
+            alike = (left[:, 1:] == left[:, :-1]) & (gmodel[:, 1:] == gmodel[:, :-1]) & cand[:, :-1]
+            if not scalar:
+                alike &= share[:, 1:] == share[:, :-1]
+            cand = cand.copy()
+            cand[:, 1:] &= ~alike
         bi, gi = np.nonzero(cand)
         if not len(bi):
             return out
@@ -245,22 +247,16 @@ class FragModel:
         u_old = np.einsum("bg,bgk->bk", left, old)
         c_old = old.sum(axis=1)
         lj = left[bi, gi]
-        aj = lj - share[bi, gi]
+        aj = lj - (share if scalar else share[bi, gi])
         oj = old[bi, gi]
         nj = allowed[bi, gi] & (aj[:, None] + EPS >= self.g_d)
         u_new = u_old[bi] - lj[:, None] * oj + aj[:, None] * nj
         c_new = c_old[bi] - oj + nj
         gu = np.where(c_new >= self.g_n, u_new, 0.0)
         # a one-GPU job takes the same share whichever GPU it goes to (per-GPU only for vram=)
-        free = left.sum(axis=1) - share.max(axis=1)
+        free = left.sum(axis=1) - (share if scalar else share.max(axis=1))
         out[bi, gi] = np.einsum("mk,mk->m", gu, self._weights(cpu, mem, free, gu.any(axis=0))[bi])
         return out
-
-
-@functools.lru_cache(maxsize=None)
-def _earlier(g: int) -> np.ndarray:
-    """(g, g): [i, j] is True when slot j comes before slot i."""
-    return np.tril(np.ones((g, g), dtype=bool), k=-1)
 
 
 def shapes_from_queue(reqs: Iterable[RankRequest]) -> list[tuple[RankRequest, float]]:

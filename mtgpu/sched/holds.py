@@ -216,8 +216,7 @@ class Holds:
             mask = self._refused_on(cpus, mem, gpus, slice(None))
             c = self._refused[key] = [self._unknown_version, len(log), mask, bool(mask.any())]
         elif c[1] < len(log):
-            changed = log[c[1]:]
-            rows = np.fromiter(set(changed), dtype=np.int64) if len(changed) > 1 else np.array(changed)
+            rows = self.fleet.changed_since(c[1])
             c[2][rows] = self._refused_on(cpus, mem, gpus, rows)
             c[1] = len(log)
             c[3] = bool(c[2].any())

@@ -7,7 +7,7 @@ fit code never re-derives them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mtgpu.model.job import GpuAlternative, GpuMode, JobSpec
 
@@ -31,6 +31,16 @@ class RankRequest:
     cpus: float
     mem_bytes: int
     label: str  # the alternative as typed, for messages ("rtx4090:1")
+    # the hash, computed once: requests key the engine's caches, looked up several times per
+    # job, and a field-by-field hash (GpuMode's is a python function) was a visible share of a pass
+    _hash: int = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.gpu_count, self.fraction, self.mode, self.vendor, self.model,
+                                                self.vram_bytes, self.cpus, self.mem_bytes, self.label)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def wants_gpu(self) -> bool:

@@ -17,6 +17,7 @@ from ..agent.podman.setup import ContainerSettings
 from ..config import Config
 from ..state.journal import JournaledState
 from ..storage.shared import interpreter_publish_root
+from ..workspaces.feature_archive import FeatureArchiveError, read_all_staged
 from .api.routes import local_app, public_app
 from .cluster.errors import ClusterSetupError
 from .cluster.link import open_cluster_member
@@ -71,6 +72,10 @@ def container_settings(config: Config) -> ContainerSettings | None:
             raise ClusterSetupError(f"[CONTAINERS] registry_auth_file = {str(c.registry_auth_file)!r} is not root's "
                                     f"alone (mode {st.st_mode & 0o777:o}, owner uid {st.st_uid}); tenants must never "
                                     f"read it: chown root {c.registry_auth_file} && chmod 600 {c.registry_auth_file}")
+    try:  # the staged Features' archives, read and checked once, as root (docs/CONTAINERS.md)
+        features = read_all_staged({k: str(v) for k, v in c.features.items()})
+    except FeatureArchiveError as e:
+        raise ClusterSetupError(str(e)) from None
     shared = config.HOME_LAYOUT == "shared"
     # the same paths the node publishes read-only (an interpreter inside ENV/bin: all of ENV)
     read_only = [str(p) for p in config.DATASETS_DIRECTORIES] + [
@@ -79,7 +84,7 @@ def container_settings(config: Config) -> ContainerSettings | None:
         images=tuple(c.allowed_images()),
         images_dir=Path(config.TENANT_HOME_ROOT) / ".mtgpu-images" if shared else None,
         registry_auth_file=c.registry_auth_file, cache_volume=c.cache_volume, network=c.network,
-        allow_user_images=c.allow_user_images, read_only=tuple(read_only))
+        allow_user_images=c.allow_user_images, read_only=tuple(read_only), features=features)
 
 
 def make_directlink(config: Config, secret: str):
@@ -146,16 +151,45 @@ def build_service(config: Config) -> MemberService:
     return service
 
 
+class QuietServer(uvicorn.Server):
+    """uvicorn's server, whose main loop wakes once a second instead of ten times (an idle
+    member's two servers woke its event loop 20 times a second for nothing: issue 28 target
+    5). It refreshes the Date header once a second as uvicorn does; `stop()` ends it at once."""
+
+    WAKE_S = 1.0
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._stopping: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._stopping = asyncio.Event()
+        if self.should_exit:
+            return
+        counter = 0  # uvicorn's on_tick refreshes the Date header when counter % 10 == 0
+        while not await self.on_tick(counter):
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.WAKE_S)
+            except asyncio.TimeoutError:
+                pass
+            counter = (counter + 10) % 864000
+
+    def stop(self) -> None:
+        self.should_exit = True
+        if self._stopping is not None:
+            self._stopping.set()
+
+
 async def _serve(service: MemberService, config: Config, public_sock: socket.socket) -> None:
     host, port = config.listen_host_port()
     sock_path = str(config.socket_path)
     quiet = {"log_level": "warning", "access_log": False, "lifespan": "off"}
     tenants = TenantService(service)
-    local = uvicorn.Server(uvicorn.Config(local_app(service, tenants), uds=sock_path, http=PeerCredProtocol,
+    local = QuietServer(uvicorn.Config(local_app(service, tenants), uds=sock_path, http=PeerCredProtocol,
                                           timeout_keep_alive=30, **quiet))
     link = service.member.link
     fast = {"http": report_protocol(link)} if link.is_cluster else {}  # members' reports, ahead of the app
-    public = uvicorn.Server(uvicorn.Config(public_app(service, tenants), host=host, port=port, **fast, **quiet))
+    public = QuietServer(uvicorn.Config(public_app(service, tenants), host=host, port=port, **fast, **quiet))
     for server in (local, public):
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
@@ -169,7 +203,8 @@ async def _serve(service: MemberService, config: Config, public_sock: socket.soc
     for task in done:
         if task is not stopper and task.exception():
             log.error("an API server stopped: %s", task.exception())
-    local.should_exit = public.should_exit = True
+    local.stop()
+    public.stop()
     await asyncio.gather(*tasks, return_exceptions=True)
 
 

@@ -14,10 +14,14 @@ from pathlib import Path
 
 
 def _alive(pid: int) -> bool:
+    """Whether PID still runs: it exists and is no zombie. Its command line is not asked:
+    it is empty for a moment while env, setsid and the interpreter exec one another, and
+    a busy machine's init script once took that moment for the server's end."""
     try:
-        return bool(Path(f"/proc/{pid}/cmdline").read_bytes())  # a zombie has none
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def main(argv: list[str]) -> int:

@@ -237,19 +237,24 @@ class Environment:
         # too, and pip removes them when it replaces that one, after it installed the client
         self._run(pip + [client, str(self.source)])
         self._run(pip + ["--no-deps", "--force-reinstall", client])
-        # tenants run the CLIs (mt-job, mt-container) from here
-        for dirpath, dirnames, filenames in os.walk(self.venv):
-            for name in dirnames + filenames:
-                p = os.path.join(dirpath, name)
-                if not os.path.islink(p):
-                    mode = os.stat(p).st_mode
-                    os.chmod(p, mode | 0o044 | (0o011 if mode & 0o100 else 0))
+        open_to_tenants(self.venv)
         return f"{'made' if made else 'upgraded'} {self.venv} with mtgpu {self.version} from {self.source}"
 
     def _run(self, cmd: list[str]) -> None:
         r = self.run(cmd, capture_output=True, text=True, cwd="/")
         if r.returncode != 0:
             raise StepFailed(f"`{' '.join(cmd)}` exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-800:]}")
+
+
+def open_to_tenants(venv: Path) -> None:
+    """Tenants run the CLIs (mt-job, mt-container) from the environment: everything in it
+    readable by all, and what its owner may run or enter, runnable and enterable by all."""
+    for dirpath, dirnames, filenames in os.walk(venv):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                mode = os.stat(p).st_mode
+                os.chmod(p, mode | 0o044 | (0o011 if mode & 0o100 else 0))
 
 
 # ---------------------------------------------------------------- command links

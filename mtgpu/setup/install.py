@@ -21,6 +21,7 @@ from .node import role_of, try_health, wait_until_answers
 from .plan import Check, SetupRefused, Step
 from .secret import SecretPlan, plan_secret
 from .service import Platform, Runner, Service, ServiceChoice, check_service_path, choose_service, make_service
+from .wsl_drives import WindowsDrives, check_choice
 
 DEFAULT_WAIT_S = 90.0
 
@@ -40,6 +41,7 @@ class InstallOptions:
     first: bool = False
     secret_file: Path | None = None
     wait_timeout_s: float | None = None
+    windows_drives: str | None = None  # "hidden" (None: the default) or "open"; WSL2 hosts only
 
 
 def check_root(root: Path) -> Path:
@@ -81,7 +83,9 @@ class Installer:
         if os.geteuid() != 0:
             raise SetupRefused("mtgpu-setup install sets up a service that runs jobs as other users: run it as root")
         root = check_root(o.root)
+        self.drives_choice = check_choice(o.windows_drives)
         self.layout = Layout.make(root, _absolute("--config", o.config), _absolute("--venv", o.venv))
+        self.drives = WindowsDrives(self.layout.wsl_conf, live=not self.layout.prefixed) if self.platform.wsl else None
         for what, path in (("--root", root), ("--config", self.layout.config), ("--venv", self.layout.venv)):
             check_service_path(what, path)
         self.choice: ServiceChoice = choose_service(self.platform, o.service, self.layout.prefixed)
@@ -127,7 +131,26 @@ class Installer:
             lines.append(f"note: {self.choice.caveat}")
         if not self.options.packages:
             lines.append("distribution packages: not checked (--no-packages)")
-        return lines
+        return lines + self._drives_summary()
+
+    def _drives_summary(self) -> list[str]:
+        """What happens to the Windows drives (docs/INSTALL.md, WSL2 hosts)."""
+        if self.drives is None:
+            if self.options.windows_drives is None:
+                return []
+            return [f"Windows drives: --windows-drives {self.drives_choice} has nothing to do: this is not a WSL2 "
+                    "host (its kernel release names no Microsoft kernel), so there are no Windows drives here"]
+        where = self.drives.wsl_conf
+        if self.drives_choice == "open":
+            opened = [d.name for d in self.drives.drives() if d.open] if self.drives.live else []
+            return ["Windows drives: left as WSL mounts them (--windows-drives open)"
+                    + (f"; open to every tenant now: {', '.join(opened)}" if opened else "")]
+        line = (f"Windows drives: hidden from tenants (--windows-drives hidden, the default): owner-only masks in "
+                f"{where} [automount] options")
+        if self.drives.live:
+            return [line + ", and the open drives mounted now are mounted again owner-only; the WSL account that "
+                    "owns them keeps full access"]
+        return [line + "; under --root the drives mounted on this machine are left as they are"]
 
     # ------------------------------------------------------------ the steps
     def steps(self) -> list[Step]:
@@ -147,6 +170,9 @@ class Installer:
         ]
         if self.secret is not None:
             steps.append(Step(f"cluster secret {self.secret.path}", self.secret.check, self.secret.apply))
+        if self.drives is not None:  # a WSL2 host: before the service starts, so tenants never see the drives
+            steps += (self.drives.hide_steps() if self.drives_choice == "hidden"
+                      else self.drives.unhide_steps("--windows-drives open"))
         what = "systemd unit" if s.kind == "systemd" else "init script"
         steps += [
             Step(f"{what} {s.definition}", self._definition_check, self._definition_apply),

@@ -178,8 +178,11 @@ running_pid() {{
     echo "$pid"
 }}
 
-has_command_line() {{
-    [ -n "$(tr -d '\\0' < "/proc/$1/cmdline" 2>/dev/null)" ]
+# Whether the process still runs: it exists and is no zombie. (Its command line is not
+# asked: while env, setsid and the interpreter exec one another it is empty for a moment.)
+is_alive() {{
+    state=$(sed -e 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+    [ -n "$state" ] && [ "$state" != Z ]
 }}
 
 do_start() {{
@@ -212,7 +215,7 @@ do_start() {{
                 *) echo "mtgpu started (pid $pid, log $LOGFILE), not answering yet"; return 0 ;;
             esac
         fi
-        has_command_line "$pid" || break
+        is_alive "$pid" || break
         sleep 0.1
         i=$((i + 1))
     done

@@ -14,22 +14,26 @@ from .layout import Layout
 from .manifest import read_manifest
 from .node import role_of, try_health
 from .service import Platform, Runner, ServiceChoice, choose_service, make_service
+from .wsl_drives import WindowsDrives
 
 # exit statuses, as an LSB init script's status action has them
 RUNNING, NOT_ANSWERING, NOT_RUNNING = 0, 1, 3
 
 
 def gather_status(root: Path, config: Path | None = None, venv: Path | None = None, service: str = "auto",
-                  platform: Platform | None = None, run: Runner = subprocess.run) -> dict:
+                  platform: Platform | None = None, run: Runner = subprocess.run,
+                  windows_drives: WindowsDrives | None = None) -> dict:
     """One document: installed, service (kind, state, pid, autostart), node (answers, role,
-    version, ...), environment, config. `exit` is the status the command ends with."""
+    version, ...), environment, config, and on a WSL2 host `windows_drives` (whether the
+    Windows drives are open to tenants). `exit` is the status the command ends with."""
     root = check_root(root)
+    platform = platform or Platform.probe()
     m = read_manifest(Layout.make(root).manifest)
     layout = Layout.make(root, config or (m.config if m else None), venv or (m.venv if m else None))
     if m is not None:
         choice = ServiceChoice(m.service, m.boot_hook, "")
     else:
-        choice = choose_service(platform or Platform.probe(), service, layout.prefixed)
+        choice = choose_service(platform, service, layout.prefixed)
     svc = make_service(choice, layout, run)
     installed = svc.definition.exists()
     pid = svc.running_pid() if installed else None
@@ -45,6 +49,10 @@ def gather_status(root: Path, config: Path | None = None, venv: Path | None = No
         "node": {"answers": False, "error": None},
         "environment": {"venv": str(layout.venv), "version": None},
     }
+    if windows_drives is None and platform.wsl:
+        windows_drives = WindowsDrives(layout.wsl_conf, live=not layout.prefixed)
+    if windows_drives is not None:
+        doc["windows_drives"] = windows_drives.status()
     info = probe_venv(layout.venv, run)
     if info is not None:
         doc["environment"]["version"] = info.version
@@ -99,6 +107,26 @@ def status_lines(doc: dict) -> list[str]:
     if not n["answers"]:
         lines.append(f"version:  environment {e['venv']}: {e['version'] or 'no mtgpu'}")
     lines.append(f"config:   {c['path']}" + ("" if c["valid"] else f": {c['problem']}"))
+    return lines + windows_drives_lines(doc.get("windows_drives"))
+
+
+def windows_drives_lines(w: dict | None) -> list[str]:
+    """A WSL2 host's Windows drives: open to tenants or not, now and from WSL's next start."""
+    if w is None:
+        return []
+    lines = []
+    if w["open"]:
+        lines.append(f"windows:  drives OPEN to every tenant: {', '.join(w['open'])}; `mtgpu-setup install --yes` "
+                     "hides them (docs/INSTALL.md, WSL2 hosts)")
+    elif w["drives"]:
+        lines.append(f"windows:  drives hidden from tenants (owner-only): "
+                     f"{', '.join(d['target'] for d in w['drives'])}")
+    else:
+        lines.append("windows:  no Windows drives are mounted" if w["live"] else
+                     "windows:  the drives mounted on this machine are not asked about under --root")
+    lines.append(f"          {w['wsl_conf']}: " + ("owner-only [automount] options, from WSL's next start"
+                                                   if w["wsl_conf_hides"] else
+                                                   "its [automount] options leave the drives open at WSL's next start"))
     return lines
 
 

@@ -24,6 +24,7 @@ from .manifest import read_manifest
 from .node import running_here
 from .plan import Check, SetupRefused, Step, StepFailed
 from .service import Platform, Runner, ServiceChoice, choose_service, make_service
+from .wsl_drives import WindowsDrives, wsl_conf_has_our_masks
 
 
 @dataclass
@@ -147,9 +148,14 @@ class Uninstaller:
             return steps
         c = self.config
         state_dir, homes = Path(c.STATE_DIR), Path(c.TENANT_HOME_ROOT)
+        drives = WindowsDrives(L.wsl_conf, live=False)
+        ours = wsl_conf_has_our_masks(drives.conf_text())
         if not o.purge:
             self.kept += [f"the config {L.config}", f"STATE_DIR {state_dir} (journal, cluster secret, job records)",
                           f"the tenants' homes in {homes} and their accounts"]
+            if ours:  # the tenants' accounts stay: the Windows drives stay hidden from them
+                self.kept.append(f"the owner-only masks of the Windows drives in {L.wsl_conf} (the tenants' "
+                                 "accounts stay; --purge takes both out)")
             return steps
         steps.append(Step("remove the tenants' accounts", lambda: Check(not tenant_accounts(c), "none"),
                           self._remove_accounts))
@@ -164,6 +170,8 @@ class Uninstaller:
         if not secret.is_relative_to(state_dir):
             steps.append(Step(f"remove the cluster secret {secret}", lambda: Check(not secret.exists(), "gone"),
                               lambda: (secret.unlink(), "removed")[1]))
+        if ours or self.platform.wsl:  # no tenants left: the drives go back to what the admin had
+            steps += drives.unhide_steps("--purge")
         steps += [
             Step(f"remove the log folder {L.log_dir}", lambda: Check(not L.log_dir.exists(), "gone"),
                  lambda: _rmtree(L.log_dir)),

@@ -22,7 +22,6 @@ from .machine import StateMachine
 
 FORMAT = "mtgpu-backup"
 FORMAT_VERSION = 1       # of this file's header; a newer one is refused
-STATE_VERSION = 1        # StateMachine.to_dict()["version"] this version reads
 
 
 def mtgpu_version() -> str:
@@ -77,9 +76,9 @@ def decode(data: bytes, where: str) -> dict:
     state = doc.get("state")
     if not isinstance(state, dict) or not isinstance(state.get("version"), int):
         raise BackupError(f"{where} holds no state; use another backup")
-    if state["version"] > STATE_VERSION:
+    if state["version"] > C.STATE_FORMAT:
         raise BackupError(f"{where} holds a state of version {state['version']}, newer than this mtgpu reads "
-                          f"({STATE_VERSION}): upgrade mtgpu here first")
+                          f"({C.STATE_FORMAT}): upgrade mtgpu here first")
     return doc
 
 

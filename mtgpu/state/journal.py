@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from .checksums import ChecksumMismatch, is_legacy_line, open_json, seal_json
+from .commands import NewerFormat
 from .machine import StateMachine
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class JournaledState:
                 with open(self.snapshot_path, "rb") as f:
                     body, sealed_snapshot = open_json(f.read())
                 machine = StateMachine.from_dict(json.loads(body))
+            except NewerFormat as e:
+                raise JournalCorrupt(f"{self.snapshot_path}: {e}") from None
             except ChecksumMismatch as e:
                 raise JournalCorrupt(
                     f"the snapshot {self.snapshot_path} is damaged: {e} (changed on disk since it was written). "
@@ -135,7 +138,11 @@ class JournaledState:
                         bare = f"{self._which(line)} without a checksum where every entry has one (its checksum lost?)"
                         raise JournalCorrupt(self._cut_here(pos, len(data), lineno, bare))
                     self._legacy_read = True
-                machine.apply(entry["command"])
+                try:
+                    machine.apply(entry["command"])
+                except NewerFormat as e:
+                    raise JournalCorrupt(f"the journal {self.journal_path}, {self._which(line)} at line {lineno}: {e}; "
+                                         "nothing of it or after it was applied") from None
                 replayed += 1
             sealed_seen = sealed_seen or sealed
             pos = nl + 1

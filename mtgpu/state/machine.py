@@ -24,7 +24,7 @@ _EPS = 1e-9
 # running job that gives back what it held): the scheduler's quick path
 # (SchedulerRole.quick_place) is valid only while it stays the same.
 _CHANGES_NODES = frozenset((C.NODE_REGISTER, C.NODE_DRAIN, C.NODE_RESUME, C.NODE_DOWN, C.NODE_UP, C.NODE_REMOVE,
-                            C.NODE_REMOVE_V2, C.SCHED_ELECT))
+                            C.NODE_REMOVE_V2, C.SCHED_ELECT, C.STATE_SEED))
 
 
 class CommandRejected(Exception):
@@ -139,6 +139,7 @@ class StateMachine(TenantCommands, PreemptCommands):
         self.sched_epoch = 0  # raised by each new scheduler; placements carry it
         self.scheduler = ""
         self.applied = 0  # count of commands applied (the journal sequence)
+        self.format_used = 1  # the newest state format of a command applied (snapshots say it)
         # raised whenever capacity is given back (a running job that held any ends, is
         # requeued or stopped) or a node changes (not state: never saved; only compared within
         # this process, by the scheduler)
@@ -153,6 +154,8 @@ class StateMachine(TenantCommands, PreemptCommands):
             C.TENANT_INVITE: self._tenant_invite,
             C.TENANT_JOIN: self._tenant_join,
             C.TENANT_ASSIGN: self._tenant_assign,
+            C.TENANT_ASSIGN_V2: self._tenant_assign_v2,
+            C.TENANT_ADMIT: self._tenant_admit,
             C.TENANT_REMOVE: self._tenant_remove,
             C.TENANT_SEEN: self._tenant_seen,
             C.TENANT_SHARE: self._tenant_share,
@@ -177,11 +180,17 @@ class StateMachine(TenantCommands, PreemptCommands):
             C.CLUSTER_BARRIER: self._barrier,
             C.WORKSPACE_STOP: self._workspace_stop,
             C.WORKSPACE_START: self._workspace_start,
+            C.STATE_SEED: self._state_seed,
         }
 
     # ---------------------------------------------------------------- apply
     def apply(self, command: dict) -> dict:
-        """Apply one command; answer {"ok": True, ...} or {"ok": False, "error": ...}."""
+        """Apply one command; answer {"ok": True, ...} or {"ok": False, "error": ...}.
+        Raises C.NewerFormat, changing nothing, for a command of a newer state format."""
+        if isinstance(command, dict):
+            newer = C.newer_than_known(command)
+            if newer is not None:
+                raise newer
         self.applied += 1
         name = command.get("cmd") if isinstance(command, dict) else None
         handler = self._handlers.get(name)
@@ -189,15 +198,20 @@ class StateMachine(TenantCommands, PreemptCommands):
             return {"ok": False, "error": f"unknown command {name!r}"}
         try:
             result = handler(**command.get("args", {}))
-        except (CommandRejected, TenantRejected, PreemptRejected) as e:
+        except (CommandRejected, TenantRejected, PreemptRejected, C.NewerFormat) as e:  # (a seed's newer state)
             return {"ok": False, "error": str(e)}
         except (TypeError, KeyError, ValueError) as e:
             return {"ok": False, "error": f"malformed {name}: {e}"}
         if name in _CHANGES_NODES:
             self.capacity_version += 1
+        self.format_used = max(self.format_used, C.FORMAT_OF[name])
         return {"ok": True, **(result or {})}
 
     # ---------------------------------------------------------------- queries
+    def has_active_jobs(self) -> bool:
+        """Whether any job is queued or running (a workspace is a job)."""
+        return bool(self._queued or self._running)
+
     def queued_jobs(self) -> list[Job]:
         return [self.jobs[i] for i in self._queued]
 
@@ -602,6 +616,28 @@ class StateMachine(TenantCommands, PreemptCommands):
         changes are ever pending at once."""
         return {}
 
+    def _state_seed(self, state: dict, at: float = 0.0, source: str = "") -> dict:
+        """A new cluster takes a backup's state (docs/INSTALL.md "Backup and restore"): its
+        jobs, tenants (uid/gid), keys, invitations and usage; the nodes registered now stay,
+        the seed's others join them marked down (they never report here). Never over a state
+        that holds jobs or tenants; never a seed with running jobs (restore requeued them)."""
+        if self.jobs or self.tenants:
+            raise CommandRejected(f"the state holds {len(self.jobs)} jobs and {len(self.tenants)} tenants already: "
+                                  "only a new, empty cluster takes a backup as its seed")
+        seed = StateMachine.from_dict(state)
+        if seed._running:
+            raise CommandRejected(f"the seed holds running jobs {sorted(seed._running)}; `mtgpu-setup restore` "
+                                  "requeues them first")
+        self.tenants, self.invites, self.usage = seed.tenants, seed.invites, seed.usage
+        self.retired_ids |= seed.retired_ids
+        for name, rec in seed.nodes.items():
+            if name not in self.nodes and name not in self.removed:
+                rec.down, rec.down_reason = True, f"restored from {source or 'a backup'}; it has not reported here"
+                self.nodes[name] = rec
+        self.jobs, self._queued, self._by_key = seed.jobs, seed._queued, seed._by_key
+        self.next_job_id = max(self.next_job_id, seed.next_job_id, max(seed.jobs, default=0) + 1)
+        return {"jobs": len(seed.jobs), "tenants": len(seed.tenants)}
+
     def _job_forget(self, job_id: int, at: float = 0.0) -> dict:
         job = self._job(job_id)
         if not job.state.final:
@@ -626,7 +662,9 @@ class StateMachine(TenantCommands, PreemptCommands):
     # ---------------------------------------------------------------- snapshots
     def to_dict(self) -> dict:
         return {
-            "version": 1,
+            # the newest state format of anything in it: a snapshot of a cluster that applied
+            # nothing newer is read by an older member (one not upgraded yet) as before
+            "version": self.format_used,
             "applied": self.applied,
             "next_job_id": self.next_job_id,
             "sched_epoch": self.sched_epoch,
@@ -642,7 +680,11 @@ class StateMachine(TenantCommands, PreemptCommands):
 
     @classmethod
     def from_dict(cls, d: dict) -> "StateMachine":
+        version = d.get("version", 1)
+        if not isinstance(version, int) or version > C.STATE_FORMAT:
+            raise C.NewerFormat("the state snapshot", version if isinstance(version, int) else None)
         sm = cls()
+        sm.format_used = version
         sm.applied = d["applied"]
         sm.next_job_id = d["next_job_id"]
         sm.sched_epoch = d.get("sched_epoch", 0)

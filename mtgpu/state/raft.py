@@ -36,7 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.monotonic import monotonic as raft_monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
 
@@ -46,10 +47,13 @@ from pysyncobj.syncobj import SyncObjException
 if socket.inet_ntop is not _socket.inet_ntop:
     socket.inet_ntop = _socket.inet_ntop
 
+from . import commands as C
 from .checksums import seal_command, seal_state, state_problem, unsealed
 from .machine import StateMachine
 from .raft_files import check_replica_files, stop_on_full_disk
+from .raft_hasten import ElectionHastener
 from .raft_route import routed_transport
+from .raft_timers import IDLE_TICK_S, TimedSyncObj
 from .store import ReplicationError
 
 log = logging.getLogger(__name__)
@@ -58,11 +62,14 @@ log = logging.getLogger(__name__)
 # Election timeouts (s). A freshly promoted voter starts with an empty log at term 0:
 # it waits longer before it stands for election, so that it hears from the leader
 # first and does not depose it with a higher term; it gets the normal ones once it
-# has caught up.
-ELECTION_TIMEOUTS = (0.35, 0.8)
+# has caught up. A leader sends a heartbeat every HEARTBEAT_S: a follower stands once it
+# heard nothing for its timeout, so a leader may stall about 0.3 s (timeout - heartbeat)
+# before it is deposed. A leader whose process is gone is replaced sooner (raft_hasten.py).
+ELECTION_TIMEOUTS = (0.65, 1.2)
+HEARTBEAT_S = 0.2
 REOPEN_POLL_S = 0.05  # a command that met a reopen is proposed again this often (apply)
 JOINING_ELECTION_TIMEOUTS = (1.5, 2.0)  # at most connectionTimeout (pysyncobj checks)
-LEADER_FACTS_S = 0.01  # how old leader_facts() may be (elections take 0.35 s at least)
+LEADER_FACTS_S = 0.01  # how old leader_facts() may be (an election takes longer)
 
 
 def raft_password(secret: str, cluster_id: str) -> str:
@@ -94,17 +101,33 @@ class SealedOnPickle:
 class _ReplicatedMachine(SyncObjConsumer):
     """The state machine as a pysyncobj consumer, with an explicit snapshot format."""
 
-    def __init__(self, lock: threading.RLock, on_applied=None) -> None:
+    def __init__(self, lock: threading.RLock, on_applied=None, on_newer=None) -> None:
         super().__init__()
         self.machine = StateMachine()
         self.lock = lock
         self.on_applied = on_applied
+        self.on_newer = on_newer  # on_newer(why): the log holds what this mtgpu cannot apply
+        self.newer: str = ""
+
+    def _refuse_newer(self, e: C.NewerFormat) -> None:
+        """Stop here: pysyncobj applies the entry again on its next tick (and never goes
+        past it), so this replica holds the state up to the entry before, and no snapshot
+        of a state with a hole in it is ever written; `on_newer` (the server) is told once."""
+        if not self.newer:
+            self.newer = str(e)
+            log.critical("the replicated state cannot be applied here: %s", e)
+            if self.on_newer is not None:
+                self.on_newer(self.newer)
+        raise e
 
     @replicated
     def apply_command(self, command: dict) -> dict:
         command = unsealed(command)  # its checksum is checked where the journal is read (raft_files.py)
         with self.lock:
-            result = self.machine.apply(command)
+            try:
+                result = self.machine.apply(command)
+            except C.NewerFormat as e:
+                self._refuse_newer(e)
         if self.on_applied is not None:
             try:
                 self.on_applied(command, result)
@@ -126,8 +149,23 @@ class _ReplicatedMachine(SyncObjConsumer):
         why = state_problem(data)
         if why:  # checked at start too (raft_files.py); never load a changed state
             raise ValueError(f"the replicated state's snapshot {why}")
+        try:
+            machine = StateMachine.from_dict(data["machine"])
+        except C.NewerFormat as e:
+            self._refuse_newer(e)
         with self.lock:
-            self.machine = StateMachine.from_dict(data["machine"])
+            self.machine = machine
+
+
+def format_gate(command: dict, floor: int) -> str:
+    """Why `command` must not be proposed now ("" when it may): it is of a state format
+    newer than `floor`, the newest every member applies (an upgrade in progress)."""
+    fmt = C.FORMAT_OF.get(command.get("cmd"), 1)
+    if fmt <= floor:
+        return ""
+    return (f"{command.get('cmd')} is of state format {fmt}, and a member of this cluster applies state format "
+            f"{floor} at most: it is not written until every member runs an mtgpu that applies it (finish upgrading "
+            "every member: mtgpu-setup upgrade on each machine, docs/INSTALL.md)")
 
 
 _IN_FLUX = (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.NOT_LEADER, FAIL_REASON.DISCARDED, FAIL_REASON.QUEUE_FULL)
@@ -144,17 +182,24 @@ class RaftState:
 
     def __init__(self, directory: Path, self_address: str | None, voters: list[str], secret: str,
                  on_applied=None, fast: bool = True, replica: str = "", cluster_id: str = "",
-                 route=None) -> None:
+                 route=None, on_newer=None, format_floor=None) -> None:
         self.directory = Path(directory)
         self._route = route  # raft_route.py: where to connect to reach a member (None: its address)
         self._cluster_id = cluster_id
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.lock = threading.RLock()
         self._on_applied = on_applied
+        self._on_newer = on_newer
+        # format_floor(): the newest state format every member of the cluster applies (the
+        # scheduler learns it from the members' reports; a member, from the scheduler's
+        # answers). A command of a newer format is not proposed. None: this mtgpu's own.
+        self.format_floor = format_floor or (lambda: C.STATE_FORMAT)
         self._secret = secret
         self._fast = fast
         self._role_lock = threading.Lock()
         self._tick_jobs: collections.deque = collections.deque()
+        # A leader whose process is gone is replaced without waiting out the election timeout.
+        self.hastener = ElectionHastener(lambda: getattr(self, "_sync", None), self._post)
         self._reopening = False
         self._facts: tuple | None = None  # leader_facts(): (when, leading, majority heard at, voters, term)
         self._frozen: tuple[StateMachine, int] | None = None  # (the old state, its last applied index)
@@ -191,7 +236,10 @@ class RaftState:
             appendEntriesUseBatch=not fast,
             raftMinTimeout=low,
             raftMaxTimeout=high,
-            appendEntriesPeriod=0.05,  # also how soon followers learn a commit when traffic is sparse
+            # Between heartbeats the thread sleeps (raft_timers.py); a commit is sent on at once
+            # (appendEntriesUseBatch off), so followers do not wait for a heartbeat to learn it.
+            appendEntriesPeriod=HEARTBEAT_S,
+            autoTickPeriod=IDLE_TICK_S if fast else 0.05,  # fast: work handed over wakes it
             connectionTimeout=2.0,
             connectionRetryTime=0.5,
             # A leader that lost its quorum stops believing it leads after this long.
@@ -203,15 +251,23 @@ class RaftState:
         )
 
     def _open(self, self_address: str | None, voters: list[str], joining: bool = False) -> None:
-        self._consumer = _ReplicatedMachine(self.lock, self._on_applied)
+        self._consumer = _ReplicatedMachine(self.lock, self._on_applied, self._on_newer)
         self.self_address = self_address
         others = [v for v in voters if v != self_address]
-        extra = {"transportClass": routed_transport(self._route)} if self._route is not None else {}
-        self._sync = SyncObj(self_address, others, conf=self._conf(joining), consumers=[self._consumer], **extra)
+        transport = routed_transport(self._route, on_peer_lost=self.hastener.peer_lost)
+        self._sync = TimedSyncObj(self_address, others, conf=self._conf(joining), consumers=[self._consumer],
+                             transportClass=transport)
         if not stop_on_full_disk(self._sync, self.directory, log):
             log.warning("this pysyncobj's journal is not the one mtgpu knows: a full STATE_DIR disk may stop this "
                         "member without a message (pysyncobj maps its journal into memory)")
         self._sync.addOnTickCallback(self._run_tick_jobs)
+
+    def _post(self, job) -> None:
+        """Run job(sync) on pysyncobj's thread at its next tick, which this brings on."""
+        self._tick_jobs.append(job)
+        sync = getattr(self, "_sync", None)
+        if sync is not None:
+            sync.wake()
 
     def _run_tick_jobs(self) -> None:
         """Work that must run on pysyncobj's own thread (its transport is not thread-safe).
@@ -312,6 +368,10 @@ class RaftState:
     def apply_async(self, command: dict, callback) -> None:
         """Propose `command` without waiting; callback(result, error) runs exactly once,
         when it is committed and applied (error None) or failed (a ReplicationError)."""
+        why = format_gate(command, self.format_floor())
+        if why:
+            callback(None, ReplicationError(why, proposed=False))
+            return
         key = next(self._pending_ids)
         with self._pending_lock:
             reopening = self._reopening
@@ -362,6 +422,11 @@ class RaftState:
         return max(0.0, now - self._majority_heard_at(now))
 
     def _majority_heard_at(self, now: float) -> float:
+        """`now` and the answer on time.monotonic's clock. pysyncobj stamps answers on its
+        own, CLOCK_MONOTONIC_RAW, which NTP does not slew: the two part by the clock's drift
+        over the uptime (0.26 s after a day here; minutes after months on a machine whose
+        crystal is off by tens of ppm), so its moments are carried over by the difference
+        between the two clocks now, never compared as they are."""
         sync = self._sync
         others = list(sync.otherNodes)
         need = (len(others) + 1) // 2  # answers needed besides its own
@@ -369,7 +434,9 @@ class RaftState:
             return now
         heard = getattr(sync, "_SyncObj__lastResponseTime", None) or {}
         times = sorted((heard.get(n, 0.0) for n in others), reverse=True)
-        return times[need - 1]
+        if not times[need - 1]:
+            return 0.0  # never answered
+        return times[need - 1] + (now - raft_monotonic())
 
     def leader_facts(self) -> tuple[bool, float, list[str], int]:
         """(whether it leads with a quorum, the monotonic moment a majority of the voters
@@ -423,7 +490,7 @@ class RaftState:
             if error != FAIL_REASON.SUCCESS:
                 log.info("leadership transfer to %s not done now (reason %s); tried again later", address, error)
 
-        self._tick_jobs.append(lambda sync: sync.transferLeadership(address, callback=done))
+        self._post(lambda sync: sync.transferLeadership(address, callback=done))
 
     @staticmethod
     def _membership_async(call, address: str):

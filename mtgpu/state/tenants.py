@@ -31,11 +31,17 @@ class TenantRecord:
     clusters: list[str] = field(default_factory=list)
     last_login_at: float | None = None
     share: float = DEFAULT_SHARE  # fair-share weight (`tenant.share.v1`); docs/SCHEDULING.md
+    # where the other clusters of `clusters` answer ({cluster id: HOST:PORT}; format 2): the
+    # tenant's client learns them from any of its clusters (docs/CLUSTERS.md)
+    servers: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "uid": self.uid, "gid": self.gid, "created_at": self.created_at,
-                "last_seen_at": self.last_seen_at, "managed": self.managed, "keys": list(self.keys),
-                "clusters": list(self.clusters), "last_login_at": self.last_login_at, "share": self.share}
+        d = {"name": self.name, "uid": self.uid, "gid": self.gid, "created_at": self.created_at,
+             "last_seen_at": self.last_seen_at, "managed": self.managed, "keys": list(self.keys),
+             "clusters": list(self.clusters), "last_login_at": self.last_login_at, "share": self.share}
+        if self.servers:  # only then: a state of format 1 is written as format 1 wrote it
+            d["servers"] = dict(self.servers)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TenantRecord":
@@ -108,6 +114,44 @@ class TenantCommands:
     def _tenant_assign(self, name: str, clusters: list, at: float = 0.0) -> dict:
         self._tenant(name).clusters = [str(c) for c in clusters]
         return {}
+
+    def _tenant_assign_v2(self, name: str, clusters: list, servers: dict, at: float = 0.0) -> dict:
+        """The clusters a tenant may use, and where those of other clusters answer."""
+        t = self._tenant(name)
+        t.clusters = [str(c) for c in clusters]
+        t.servers = {str(c): str(a) for c, a in dict(servers).items() if str(c) in t.clusters}
+        return {}
+
+    def _tenant_admit(self, name: str, uid: int, gid: int, keys: list, clusters: list, servers: dict,
+                      at: float) -> dict:
+        """A tenant of another cluster, assigned here by the admin of both (or its clusters
+        changed there): the same name, uid, gid and keys on every cluster it may use. Its
+        account is made here as for one who joined; `clusters` without this one takes the
+        use of it away (the record and ids stay, as after `assign`)."""
+        why = validate_tenant_name(name)
+        if why:
+            raise TenantRejected(why)
+        uid, gid = int(uid), int(gid)
+        t = self.tenants.get(name)
+        created = t is None
+        if t is None:
+            other = next((o.name for o in self.tenants.values() if uid in (o.uid, o.gid) or gid in (o.uid, o.gid)), None)
+            if other is not None:
+                raise TenantRejected(f"uid {uid} / gid {gid} of tenant {name!r} belong to tenant {other!r} on this "
+                                     "cluster: the same person must have the same ids on every cluster; remove or "
+                                     "rename one of them")
+            if uid in self.retired_ids or gid in self.retired_ids:
+                raise TenantRejected(f"uid {uid} / gid {gid} of tenant {name!r} belonged to a removed tenant of this "
+                                     "cluster and are never given again")
+            t = self.tenants[name] = TenantRecord(name, uid, gid, at, at, managed=True)
+        elif (t.uid, t.gid) != (uid, gid) or not t.managed:
+            raise TenantRejected(f"tenant {name!r} is here with uid {t.uid} / gid {t.gid}"
+                                 f"{'' if t.managed else ' (a local user of this node)'}, not {uid} / {gid}: a "
+                                 "person has one name and the same ids on every cluster")
+        t.keys = [str(k) for k in keys]
+        t.clusters = [str(c) for c in clusters]
+        t.servers = {str(c): str(a) for c, a in dict(servers).items() if str(c) in t.clusters}
+        return {"created": created, "uid": uid, "gid": gid}
 
     def _tenant_share(self, name: str, share: float, at: float = 0.0) -> dict:
         """Set the tenant's fair-share weight: its recent usage counts divided by it."""

@@ -117,8 +117,10 @@ class RemoteGpuApp(App):
         f = self.filters[self.current]
         head, clusters = f"remotegpu  {views}" + (f"   filter: {f}" if f else ""), " | ".join(parts)
         room = self.size.width - 2  # its padding
-        self.query_one("#title", Static).update(f"{head}   {clusters}" if len(head) + 3 + len(clusters) <= room
-                                                else f"{head}\n{clusters}")
+        text = f"{head}   {clusters}" if len(head) + 3 + len(clusters) <= room else f"{head}\n{clusters}"
+        if text != getattr(self, "_title_text", None):  # an update lays the whole screen out again (~15 ms)
+            self._title_text = text
+            self.query_one("#title", Static).update(text)
 
     def _show_keys(self) -> None:
         """The key bar: the view's keys, then the app's, as many as fit; `? keys` always."""

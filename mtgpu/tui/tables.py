@@ -96,8 +96,10 @@ class RowTable(ScrollView, can_focus=True):
         # a refresh that changes a cell's width changes only the width: told only when it
         # scrolls sideways (a live refresh stays cheap, bench/tui_frame.py)
         changed = size.height != old.height or (size.width != old.width and max(size.width, old.width) > room)
-        self.virtual_size = size
         if changed:
+            # setting it lays the whole screen out again (~10 ms at 1,000 rows), also when only
+            # a width changed that nothing scrolls by: then it is left as it was
+            self.virtual_size = size
             # the scrollbar and scrolling are told (textual's layout sees no change once the
             # size is set): without it, PageDown moved the cursor out of sight
             self._scroll_update(size)

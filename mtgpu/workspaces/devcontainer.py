@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Callable
 
 from mtgpu.workspaces.errors import DevContainerError, Problem
-from mtgpu.workspaces.features import Feature, FeatureRef, load_features, parse_feature_refs
+from mtgpu.workspaces.features import Feature, FeatureRef, StagedFeatures, load_features, parse_feature_refs
 from mtgpu.workspaces.jsonc import JsoncError, loads_jsonc
 from mtgpu.workspaces.mounts import Mount, check_in_home, inside, parse_mount
 from mtgpu.workspaces.runargs import check_run_args
@@ -160,9 +160,12 @@ def locate_devcontainer(path: str | os.PathLike[str]) -> tuple[str, str]:
 
 
 def load_devcontainer(
-    path: str | os.PathLike[str], *, home: str, env: Mapping[str, str], workspace_folder: str | None = None
+    path: str | os.PathLike[str], *, home: str, env: Mapping[str, str], workspace_folder: str | None = None,
+    staged: StagedFeatures | None = None,
 ) -> DevContainer:
-    """Find, read and parse the devcontainer.json at PATH (see locate_devcontainer)."""
+    """Find, read and parse the devcontainer.json at PATH (see locate_devcontainer). `staged`
+    gives the folder of a registry or URL Feature the node staged (features.load_features);
+    without it such a Feature is refused."""
     config_path, found_folder = locate_devcontainer(path)
     try:
         with open(config_path, "rb") as f:
@@ -176,12 +179,13 @@ def load_devcontainer(
     except UnicodeDecodeError:
         raise DevContainerError.one("--devcontainer", config_path, "is not UTF-8 text") from None
     dc = parse_devcontainer(
-        text, config_path=config_path, workspace_folder=workspace_folder or found_folder, home=home, env=env
+        text, config_path=config_path, workspace_folder=workspace_folder or found_folder, home=home, env=env,
+        staging=staged is not None,
     )
     if not dc.feature_refs:
         return dc
     try:
-        features = load_features(dc.feature_refs, posixpath.dirname(config_path))
+        features = load_features(dc.feature_refs, posixpath.dirname(config_path), staged)
     except DevContainerError as e:
         raise DevContainerError(e.problems, config_path) from None
     return replace(dc, features=features)
@@ -205,12 +209,13 @@ class _Problems:
 
 
 def parse_devcontainer(
-    text: str, *, config_path: str, workspace_folder: str, home: str, env: Mapping[str, str]
+    text: str, *, config_path: str, workspace_folder: str, home: str, env: Mapping[str, str], staging: bool = False
 ) -> DevContainer:
     """Parse and check the text of a devcontainer.json. `config_path` and
     `workspace_folder` are absolute paths on the node (the file, the project folder);
     `home` is the tenant's home, which every host path must be inside; `env` is what
-    `${localEnv:...}` reads. No I/O."""
+    `${localEnv:...}` reads; `staging`: Features from a registry or a URL are kept for
+    load_features to look up among the node's staged ones (else refused here). No I/O."""
     for what, value in (("config_path", config_path), ("workspace_folder", workspace_folder), ("home", home)):
         if not posixpath.isabs(value):
             raise ValueError(f"{what} must be an absolute path, not {value!r}")
@@ -264,7 +269,8 @@ def parse_devcontainer(
     problems.items.extend(check_run_args(run_args, home))
     _refuse_unsupported(cfg, problems)
     cap_add, security_opt = problems.run(parse_security_keys, cfg, default=((), ()))
-    feature_refs = problems.run(parse_feature_refs, cfg.get("features"), posixpath.dirname(config_path), default=())
+    feature_refs = problems.run(lambda value, folder: parse_feature_refs(value, folder, staging=staging),
+                                cfg.get("features"), posixpath.dirname(config_path), default=())
     host_requirements = problems.run(parse_host_requirements, cfg.get("hostRequirements"))
 
     result = DevContainer(

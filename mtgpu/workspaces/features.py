@@ -1,15 +1,18 @@
-"""Dev Container Features from the project's own folder (`"features": {"./my-feature": {}}`),
-built into the workspace's image as the specification says: each Feature is a folder with a
-`devcontainer-feature.json` (its `id`, `options` with their defaults, `containerEnv`, ...) and
-an `install.sh`, which runs as root in the build with the Feature's options as variables
-(the option's name in capitals, other characters `_`), the user's choices over the defaults.
+"""Dev Container Features, built into the workspace's image as the specification says: each
+Feature is a folder with a `devcontainer-feature.json` (its `id`, `options` with their
+defaults, `containerEnv`, ...) and an `install.sh`, which runs as root in the build with the
+Feature's options as variables (the option's name in capitals, other characters `_`), the
+user's choices over the defaults.
 
-A Feature named by a registry (`ghcr.io/devcontainers/features/node:1`) or a URL is refused,
-naming it: no registry is reachable from a node, and none is staged for Features
-(docs/WORKSPACES.md says how to bring such a Feature as a local one).
+A Feature comes from the project's own folder (`"features": {"./my-feature": {}}`), or from a
+registry (`ghcr.io/devcontainers/features/node:1`) or a URL where an admin staged its archive
+on the node (`[CONTAINERS] features`, docs/CONTAINERS.md): no registry is reachable from a
+node. One that is not staged is refused, naming it, the config key that stages it, and how
+to bring it as a local one (docs/WORKSPACES.md).
 
-`parse_feature_refs` is pure; `load_features` reads the folders; `feature_dockerfile` and
-`stage_feature_context` make what `podman build` is given (mtgpu/cli/devcontainer.py runs it).
+`parse_feature_refs` is pure; `load_features` reads the folders (a staged Feature's is the one
+its archive was unpacked into, by the `staged` function the caller gives); `feature_dockerfile`
+and `stage_feature_context` make what `podman build` is given (mtgpu/cli/devcontainer.py runs it).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import posixpath
 import re
 import shlex
 import shutil
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cmp_to_key
 from types import MappingProxyType
 
 from mtgpu.workspaces.errors import DevContainerError, Problem
@@ -40,11 +44,106 @@ _UNSUPPORTED = ("mounts", "entrypoint", "onCreateCommand", "updateContentCommand
 
 @dataclass(frozen=True)
 class FeatureRef:
-    """One entry of `features` as written: its key, its folder on the node and the options chosen."""
+    """One entry of `features` (or of a Feature's `dependsOn`) as written: its key, its folder
+    on the node and the options chosen. `source` is "local" (a folder next to devcontainer.json),
+    "oci" (a registry: `resource` is registry/namespace/id, lower case, `version` its tag or
+    sha256 digest) or "tarball" (a URL, `resource`); a staged one's `folder` is where its
+    archive was unpacked and `digest` the archive's SHA-256, once `load_features` resolved it."""
 
     key: str
     folder: str
     options: Mapping[str, str | bool] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = "local"
+    resource: str = ""
+    version: str = ""
+    digest: str = ""
+    asked_by: str = ""  # the Feature whose dependsOn names it ("" for `features` itself)
+    asked_in: str = ""  # where that dependsOn is, for a refusal: features.KEY.dependsOn
+
+    @property
+    def staged_key(self) -> str:
+        """How `[CONTAINERS] features` names it (feature_key)."""
+        return feature_key(self.key) or self.key
+
+
+@dataclass(frozen=True)
+class StagedFolder:
+    """A staged Feature as the `staged` function of load_features gives it: the folder its
+    archive was unpacked into, and the archive's SHA-256."""
+
+    folder: str
+    sha256: str
+
+
+StagedFeatures = Callable[[FeatureRef], "StagedFolder | None"]
+
+CONFIG_KEY = "[CONTAINERS] features"
+_OCI_PATH = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+_OCI_VERSION = re.compile(r"^[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}$")
+
+
+def oci_parts(text: str) -> tuple[str, str] | None:
+    """(resource, version) of a Feature in a registry, as @devcontainers/cli's getRef reads it:
+    lower-cased, `registry/namespace/id`, then `:tag` (`latest` when none) or `@sha256:HEX`;
+    None when `text` is not one."""
+    text = text.lower()
+    if text.startswith((".", "/")) or "://" in text:
+        return None
+    if "@" in text:
+        resource, _, digest = text.rpartition("@")
+        algo, _, hex_ = digest.partition(":")
+        if algo != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", hex_):
+            return None
+        version = digest
+    elif text.rfind(":") > text.rfind("/"):
+        resource, _, version = text.rpartition(":")
+        if not _OCI_VERSION.match(version):
+            return None
+    else:
+        resource, version = text, "latest"
+    parts = resource.split("/")
+    if len(parts) < 3 or not parts[0] or not _OCI_PATH.match("/".join(parts[1:])):
+        return None
+    return resource, version
+
+
+def feature_key(text: str) -> str | None:
+    """The one spelling of a Feature from a registry or URL that `[CONTAINERS] features` and
+    devcontainer.json are matched by: `registry/namespace/id:tag` (`@sha256:...`), lower case,
+    `:latest` where no version is written; a URL as written. None: neither."""
+    if text.startswith(("https://", "http://")):
+        return text
+    parts = oci_parts(text)
+    if parts is None:
+        return None
+    resource, version = parts
+    return f"{resource}@{version}" if version.startswith("sha256:") else f"{resource}:{version}"
+
+
+def _remote_ref(key: str, options: object, where: str, problems: list[Problem], asked_by: str = "",
+                asked_in: str = "") -> FeatureRef | None:
+    options = _options(options, where, problems)
+    if options is None:
+        return None
+    if key.startswith(("https://", "http://")):
+        return FeatureRef(key, "", options, "tarball", key, asked_by=asked_by, asked_in=asked_in)
+    parts = oci_parts(key)
+    resource, version = parts if parts else (key, "")
+    return FeatureRef(key, "", options, "oci", resource, version, asked_by=asked_by, asked_in=asked_in)
+
+
+def _unstaged(ref: FeatureRef) -> str:
+    where = "a URL" if ref.source == "tarball" or "://" in ref.key else "a registry"
+    hint = _folder_hint(ref.key)
+    stage = (f'an admin can stage its archive on this node ({CONFIG_KEY} = {{ "{ref.staged_key}" = '
+             '"/path/to/feature.tgz" }, docs/CONTAINERS.md)')
+    if ref.asked_by:
+        return (f"the Feature {ref.asked_by} depends on {ref.key}, from {where}, which this node cannot reach, and "
+                f"it is not staged here: {stage}, or put that Feature's folder ({METADATA} and {INSTALL}) next to "
+                f'devcontainer.json, for instance .devcontainer/{hint}, and name it "./{hint}" in this dependsOn')
+    return (f"the Feature {ref.key} comes from {where}, which this node cannot reach, and it is not staged here: "
+            f"{stage}, or put the Feature's folder ({METADATA} and {INSTALL}) next to devcontainer.json, "
+            f'for instance .devcontainer/{hint}, and name it "./{hint}"')
 
 
 @dataclass(frozen=True)
@@ -59,7 +158,7 @@ class Feature:
     cap_add: tuple[str, ...] = ()
     security_opt: tuple[str, ...] = ()
     installs_after: tuple[str, ...] = ()
-    depends_on: tuple[FeatureRef, ...] = ()  # local Features, resolved from the folder of devcontainer.json
+    depends_on: tuple[FeatureRef, ...] = ()  # local ones resolved from the folder of devcontainer.json
 
 
 def option_env_name(option: str) -> str:
@@ -68,9 +167,11 @@ def option_env_name(option: str) -> str:
     return re.sub(r"^[\d_]+", "_", re.sub(r"[^\w]", "_", option, flags=re.ASCII)).upper()
 
 
-def parse_feature_refs(value: object, config_dir: str) -> tuple[FeatureRef, ...]:
-    """The `features` object: every entry a local folder under the folder of
-    devcontainer.json, its options strings or booleans (a string alone is `version`)."""
+def parse_feature_refs(value: object, config_dir: str, *, staging: bool = False) -> tuple[FeatureRef, ...]:
+    """The `features` object: local folders under the folder of devcontainer.json, and with
+    `staging` (the caller can look up what the node staged) Features from a registry or a URL,
+    which load_features resolves; their options strings or booleans (a string alone is
+    `version`). Without `staging` a registry or URL Feature is refused here, naming it."""
     if value is None or value == {}:
         return ()
     if not isinstance(value, dict):
@@ -80,11 +181,11 @@ def parse_feature_refs(value: object, config_dir: str) -> tuple[FeatureRef, ...]
     for key, options in value.items():
         k = f"features.{key}"
         if not key.startswith(("./", "../")):
-            where = "a URL" if "://" in key else "a registry"
-            problems.append(Problem(k, key, (
-                f"the Feature {key} comes from {where}, which this node cannot reach (none is staged here for "
-                f"Features): put the Feature's folder ({METADATA} and {INSTALL}) next to devcontainer.json, "
-                f'for instance .devcontainer/{_folder_hint(key)}, and name it "./{_folder_hint(key)}"')))
+            ref = _remote_ref(key, options, k, problems)
+            if ref is not None and not staging:
+                problems.append(Problem(k, key, _unstaged(ref)))
+            elif ref is not None:
+                refs.append(ref)
             continue
         ref = _local_ref(key, options, config_dir, k, problems)
         if ref is not None:
@@ -92,6 +193,17 @@ def parse_feature_refs(value: object, config_dir: str) -> tuple[FeatureRef, ...]
     if problems:
         raise DevContainerError(problems)
     return tuple(refs)
+
+
+def _options(options: object, where: str, problems: list[Problem]) -> Mapping[str, str | bool] | None:
+    if isinstance(options, str):
+        options = {"version": options}
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or not all(isinstance(v, (str, bool)) for v in options.values()):
+        problems.append(Problem(where, options, 'options are an object of strings and booleans, such as {"version": "1"}'))
+        return None
+    return MappingProxyType(dict(options))
 
 
 def _local_ref(key: str, options: object, config_dir: str, where: str, problems: list[Problem]) -> FeatureRef | None:
@@ -102,14 +214,8 @@ def _local_ref(key: str, options: object, config_dir: str, where: str, problems:
         problems.append(Problem(where, key, "a local Feature is a folder under the folder of devcontainer.json "
                                             '(as the specification says), such as "./my-feature"'))
         return None
-    if isinstance(options, str):
-        options = {"version": options}
-    if options is None:
-        options = {}
-    if not isinstance(options, dict) or not all(isinstance(v, (str, bool)) for v in options.values()):
-        problems.append(Problem(where, options, 'options are an object of strings and booleans, such as {"version": "1"}'))
-        return None
-    return FeatureRef(key, folder, MappingProxyType(dict(options)))
+    opts = _options(options, where, problems)
+    return None if opts is None else FeatureRef(key, folder, opts)
 
 
 def _folder_hint(key: str) -> str:
@@ -120,16 +226,25 @@ def _folder_hint(key: str) -> str:
 MAX_FEATURES = 100  # with those they depend on: a Feature's dependsOn may name others, recursively
 
 
-def load_features(refs: tuple[FeatureRef, ...], config_dir: str) -> tuple[Feature, ...]:
+def load_features(refs: tuple[FeatureRef, ...], config_dir: str,
+                  staged: StagedFeatures | None = None) -> tuple[Feature, ...]:
     """Each Feature's folder read (as the tenant: mt-container runs as the tenant), with the
-    local Features they `dependsOn` (recursively; one equal to a Feature already there, the
-    same folder with the same options, is that one), in the order they install
-    (install_order)."""
+    Features they `dependsOn` (recursively; one equal to a Feature already there, the same
+    folder, or staged archive, with the same options, is that one), in the order they install
+    (install_order). A Feature from a registry or a URL is read from the folder `staged` gives
+    for it (its staged archive, unpacked); one `staged` has none for (or every one, without
+    `staged`) is refused naming it."""
     problems: list[Problem] = []
     features: list[Feature] = []
     work, seen = list(refs), 0
     while work:
         ref = work.pop(0)
+        if ref.source != "local":
+            got = staged(ref) if staged is not None else None
+            if got is None:
+                problems.append(Problem(ref.asked_in or f"features.{ref.key}", ref.key, _unstaged(ref)))
+                continue
+            ref = replace(ref, folder=got.folder, digest=got.sha256)
         if any(_same(f.ref, ref) for f in features):
             continue
         seen += 1
@@ -137,7 +252,7 @@ def load_features(refs: tuple[FeatureRef, ...], config_dir: str) -> tuple[Featur
             raise DevContainerError.one("features", None, f"more than {MAX_FEATURES} Features with those they depend "
                                                           "on; is a dependsOn asking for itself with new options?")
         try:
-            f = _load_one(ref, config_dir)
+            f = _load_one(ref, config_dir, staging=staged is not None)
         except DevContainerError as e:
             problems.extend(e.problems)
             continue
@@ -148,7 +263,7 @@ def load_features(refs: tuple[FeatureRef, ...], config_dir: str) -> tuple[Featur
     return install_order(features, config_dir)
 
 
-def _load_one(ref: FeatureRef, config_dir: str) -> Feature:
+def _load_one(ref: FeatureRef, config_dir: str, staging: bool = False) -> Feature:
     k = f"features.{ref.key}"
     meta_path = os.path.join(ref.folder, METADATA)
     if not os.path.isdir(ref.folder):
@@ -201,15 +316,18 @@ def _load_one(ref: FeatureRef, config_dir: str) -> Feature:
     opts = _strings(meta.get("securityOpt"), f"{k}.securityOpt", problems)
     problems += [Problem(f"{k}.securityOpt", o, why) for o in opts if (why := security_opt_refused(o))]
     after = _strings(meta.get("installsAfter"), f"{k}.installsAfter", problems)
-    depends = _depends_on(meta.get("dependsOn"), fid if isinstance(fid, str) else ref.key, config_dir, k, problems)
+    depends = _depends_on(meta.get("dependsOn"), fid if isinstance(fid, str) else ref.key, config_dir, k, problems,
+                          staging)
     if problems:
         raise DevContainerError(problems)
     return Feature(ref, fid, MappingProxyType(env), MappingProxyType(dict(container_env)), caps, opts, after, depends)
 
 
-def _depends_on(value: object, name: str, config_dir: str, k: str, problems: list[Problem]) -> tuple[FeatureRef, ...]:
+def _depends_on(value: object, name: str, config_dir: str, k: str, problems: list[Problem],
+                staging: bool = False) -> tuple[FeatureRef, ...]:
     """A Feature's `dependsOn` (an object like `features`): local Features, resolved from the
-    folder of devcontainer.json; one from a registry or a URL is refused, naming it."""
+    folder of devcontainer.json, and from a registry or a URL (load_features resolves those
+    where the node staged them; without `staging` they are refused here, naming them)."""
     if value is None or value == {}:
         return ()
     if not isinstance(value, dict):
@@ -218,14 +336,12 @@ def _depends_on(value: object, name: str, config_dir: str, k: str, problems: lis
     refs = []
     for key, options in value.items():
         if not key.startswith(("./", "../")):
-            where = "a URL" if "://" in key else "a registry"
-            problems.append(Problem(f"{k}.dependsOn", key, (
-                f"the Feature {name} depends on {key}, from {where}, which this node cannot reach (none is staged "
-                f"here for Features): put that Feature's folder ({METADATA} and {INSTALL}) next to "
-                f'devcontainer.json, for instance .devcontainer/{_folder_hint(key)}, and name it "./{_folder_hint(key)}" '
-                f"in this dependsOn")))
-            continue
-        dep = _local_ref(key, options, config_dir, f"{k}.dependsOn.{key}", problems)
+            dep = _remote_ref(key, options, f"{k}.dependsOn.{key}", problems, asked_by=name, asked_in=f"{k}.dependsOn")
+            if dep is not None and not staging:
+                problems.append(Problem(f"{k}.dependsOn", key, _unstaged(dep)))
+                continue
+        else:
+            dep = _local_ref(key, options, config_dir, f"{k}.dependsOn.{key}", problems)
         if dep is not None:
             refs.append(dep)
     return tuple(refs)
@@ -247,10 +363,10 @@ def _strings(value: object, key: str, problems: list[Problem]) -> tuple[str, ...
 def install_order(features: list[Feature], config_dir: str) -> tuple[Feature, ...]:
     """The order the specification gives (feature-dependencies.md, "round-based sorting", as
     @devcontainers/cli computes it): in rounds, every Feature whose `dependsOn` (the equal
-    Feature) and `installsAfter` (a Feature of that folder, or id, in the set; one naming no
-    Feature to install is no dependency) are installed already, each round sorted by the
-    Feature's folder as Node's localeCompare sorts it, then by its options. A round with
-    nothing to install is a cycle, refused naming the Features."""
+    Feature) and `installsAfter` (a Feature of that folder, registry resource or id in the set;
+    one naming no Feature to install is no dependency) are installed already, each round
+    sorted as the reference's compareTo sorts (_compare). A round with nothing to install is
+    a cycle, refused naming the Features."""
     soft = {id(f): [g for g in features if g is not f and any(_names(a, g, config_dir) for a in f.installs_after)]
             for f in features}
     left, order = list(features), []
@@ -262,23 +378,68 @@ def install_order(features: list[Feature], config_dir: str) -> tuple[Feature, ..
             raise DevContainerError.one("features", names, (
                 f"the Features {names} wait for each other (dependsOn, installsAfter), so no order installs them; "
                 "drop one of those dependencies"))
-        ready.sort(key=lambda f: (_collation_key(f.ref.folder), sorted(f.ref.options.items(), key=str)))
+        ready.sort(key=cmp_to_key(_compare))
         order += ready
         left = [f for f in left if not any(f is r for r in ready)]
     return tuple(order)
 
 
 def _same(a: FeatureRef, b: FeatureRef) -> bool:
-    """Feature equality for local Features, as the reference has it: the same folder, the same options."""
-    return a.folder == b.folder and dict(a.options) == dict(b.options)
+    """Feature equality as the reference has it: the same folder (local), archive (a staged
+    registry Feature: its digest stands for the manifest's) or URL, with the same options."""
+    if a.source != b.source or dict(a.options) != dict(b.options):
+        return False
+    if a.source == "local":
+        return a.folder == b.folder
+    if a.source == "oci":
+        if a.digest and b.digest:
+            return a.digest == b.digest
+        return (a.resource, a.version) == (b.resource, b.version)
+    return a.resource == b.resource
 
 
 def _names(entry: str, f: Feature, config_dir: str) -> bool:
     """Whether an `installsAfter` entry names `f`: its folder (a ./ or ../ path, from the
-    folder of devcontainer.json, as the reference resolves it), or its id."""
+    folder of devcontainer.json, as the reference resolves it), its registry resource (any
+    version, as the reference's satisfiesSoftDependency), its URL, or its id."""
     if entry.startswith(("./", "../")):
-        return posixpath.normpath(posixpath.join(config_dir, entry)) == f.ref.folder
+        return f.ref.source == "local" and posixpath.normpath(posixpath.join(config_dir, entry)) == f.ref.folder
+    if f.ref.source == "oci":
+        parts = oci_parts(entry)
+        return parts is not None and parts[0] == f.ref.resource
+    if f.ref.source == "tarball":
+        return entry == f.ref.resource
     return entry == f.id
+
+
+def _compare(a: Feature, b: Feature) -> int:
+    """The reference's compareTo for two Features of one round: of different sources, by the
+    keys as written; local ones by folder, then options; registry ones by registry/namespace,
+    id, tag, options, then digest; URLs by URL, then options (strings as Node's localeCompare)."""
+    ra, rb = a.ref, b.ref
+    if ra.source != rb.source:
+        return _locale_cmp(ra.key, rb.key)
+    if ra.source == "local":
+        return _locale_cmp(ra.folder, rb.folder) or _options_cmp(ra, rb)
+    if ra.source == "tarball":
+        return _locale_cmp(ra.resource, rb.resource) or _options_cmp(ra, rb)
+    if ra.digest == rb.digest and not _options_cmp(ra, rb):
+        return 0
+    space_a, _, id_a = ra.resource.rpartition("/")
+    space_b, _, id_b = rb.resource.rpartition("/")
+    tags = (ra.version, rb.version) if not any(v.startswith("sha256:") for v in (ra.version, rb.version)) else ("", "")
+    return (_locale_cmp(space_a, space_b) or _locale_cmp(id_a, id_b) or _locale_cmp(*tags)
+            or _options_cmp(ra, rb) or _locale_cmp(ra.digest, rb.digest))
+
+
+def _options_cmp(a: FeatureRef, b: FeatureRef) -> int:
+    ka, kb = sorted(a.options.items(), key=str), sorted(b.options.items(), key=str)
+    return (ka > kb) - (ka < kb) if all(isinstance(v, str) for _, v in ka + kb) else (str(ka) > str(kb)) - (str(ka) < str(kb))
+
+
+def _locale_cmp(a: str, b: str) -> int:
+    ka, kb = _collation_key(a), _collation_key(b)
+    return (ka > kb) - (ka < kb)
 
 
 # Node's String.prototype.localeCompare (ICU's root collation) on what folder names hold:

@@ -5,15 +5,13 @@ fails. Every test in this folder is marked `integration`."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tests.support.fixtures import temp_user_factory, tenant  # noqa: F401 (fixtures)
+from tests.support.folders import traversable_folder
 from tests.support.users import TempUser, can_create_users, sweep_leftover_accounts, temp_user
 
 
@@ -55,9 +53,5 @@ def bob() -> Iterator[TempUser]:
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A scratch folder tenants can traverse (mode 0755), removed afterwards."""
-    d = Path(tempfile.mkdtemp(prefix="mtgpu-test-"))
-    os.chmod(d, 0o755)
-    try:
+    with traversable_folder("mtgpu-test-") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)

@@ -54,6 +54,7 @@ LOCAL_RULES = {
     ("POST", "/v1/tenants/{name}/assign"): "admin", ("POST", "/v1/tenants/{name}/share"): "admin",
     ("POST", "/v1/dashboard/link"): "tenant", ("GET", "/v1/usage"): "admin", ("GET", "/v1/usage/mine"): "own",
     ("POST", "/v1/jobs/{job_id}/attach"): "owner", ("GET", "/v1/gpus/here"): "anyone",
+    ("GET", "/v1/admin/summary"): "admin",
 }
 # what moves the calling process (a peer on this machine's socket) has no network route
 SOCKET_ONLY = {("POST", "/v1/jobs/{job_id}/attach")}
@@ -72,6 +73,8 @@ CLUSTER_RULES = {
     ("POST", "/cluster/v1/remove"): "cluster", ("GET", "/cluster/v1/pending"): "cluster",
     ("GET", "/cluster/v1/nodes"): "cluster", ("GET", "/cluster/v1/images/{digest}"): "cluster",
     ("GET", logstream.MEMBER_LOG_STREAM_PATH): "cluster",
+    # another cluster's admin (docs/CLUSTERS.md): signed with this cluster's secret
+    ("GET", "/cluster/v1/admin/summary"): "cluster", ("POST", "/cluster/v1/admin/tenant"): "cluster",
 }
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mtgpu.state import commands as C
+
 from tests.support.cluster import free_port_pair, member_name, running_cluster
 from tests.support.tenant_api import TenantCallError, TenantSession
 from tests.support.node import wait_for
@@ -38,6 +40,14 @@ def test_three_members_form_a_cluster_and_a_fourth_joins_and_gets_work(alice):
         nodes = wait_for("all three members registered", lambda: len(n := nodes_json(m0)) == 3 and n)
         roles = sorted(n["role"] for n in nodes)
         assert roles == ["scheduler", "voter", "voter"]
+        # each member's version and state format, from its reports (issue 29: a rolling upgrade shows)
+        def versions_said():
+            listed = nodes_json(m0)
+            return all(n.get("mtgpu_version") for n in listed) and listed
+        said = wait_for("every member's version in the list", versions_said, timeout_s=30)
+        assert {n["state_format"] for n in said} == {C.STATE_FORMAT} and len({n["mtgpu_version"] for n in said}) == 1, \
+            said
+        assert "mixed versions" not in m0.admin("nodes").stdout
         flag = Path(alice.home) / "go-join"
         script = f"#!/bin/bash\n#MTGPU gpus=2\nwhile [ ! -e {flag} ]; do sleep 0.05; done\necho ran on $MTGPU_NODE\n"
         ids = [m0.submit_json(alice, script=script)["job_id"] for _ in range(4)]

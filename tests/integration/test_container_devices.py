@@ -9,17 +9,20 @@ number (the devices cgroup, or cgroup v2's device program), so the path does not
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mtgpu.agent.podman.cdi import sim_device_number, spec_name
+from mtgpu.agent.podman.cdi import sim_device_number, sim_device_path, spec_name
 from mtgpu.agent.podman.tenant import PodmanHost
 from tests.support.images import busybox_image, podman_missing
-from tests.support.node import running_node, wait_for
+from tests.support.node import PYTHON, REPO_ROOT, running_node, wait_for
 from tests.support.users import can_create_users
 
 if can_create_users() or podman_missing():
@@ -43,30 +46,37 @@ def dnode(image, alice):
     # the workspace's own command opens the nodes too (its log), then stays up for the execs
     opener = f"{OPEN_ALL.format(folder=Path(alice.home) / 'gpu-nodes')}; echo opened; exec sleep 3600"
     templates = {"opener": {"image": image, "command": opener}}
-    with running_node(GPUS2, CONTAINERS={"enabled": True, "images": [image], "templates": templates}) as node:
+    with running_node(GPUS2, GPU_POLICY={"vram_grace": "2s"},
+                      CONTAINERS={"enabled": True, "images": [image], "templates": templates}) as node:
         wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
         yield node
 
 
 @pytest.fixture(scope="module")
 def copies(dnode, alice):
-    """Each GPU's device node again, as `gpuN` in a folder of the tenant's home (mode 0666,
-    as /dev/nvidiaN is on a real node), and `stray`, a node of no GPU of this node's (a
-    device the GPU backend does not report: a container's allow-list denies it too);
-    removed afterwards."""
-    name = spec_name("node-a", PodmanHost(dnode.state_dir).key)
-    folder = Path(alice.home) / "gpu-nodes"
+    with gpu_node_copies(dnode, alice.home) as folder:
+        yield folder
+
+
+@contextlib.contextmanager
+def gpu_node_copies(node, home: str) -> Iterator[str]:
+    """Each GPU's device node of `node` again, as `gpuN` in a folder of the tenant's `home`
+    (mode 0666, as /dev/nvidiaN is on a real node), and `stray`, a node of no GPU of this
+    node's (a device the GPU backend does not report: a container's allow-list denies it
+    too); removed afterwards."""
+    name = spec_name("node-a", PodmanHost(node.state_dir).key)
+    folder = Path(home) / "gpu-nodes"
     folder.mkdir(mode=0o755, exist_ok=True)
     major, minor0 = sim_device_number(name, 0)
     numbers = {"gpu0": sim_device_number(name, 0), "gpu1": sim_device_number(name, 1), "stray": (major, minor0 + 1000)}
-    for node, (major, minor) in numbers.items():
-        os.mknod(folder / node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        os.chmod(folder / node, 0o666)
+    for dev, (major, minor) in numbers.items():
+        os.mknod(folder / dev, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(folder / dev, 0o666)
     try:
         yield str(folder)
     finally:
-        for node in numbers:
-            (folder / node).unlink(missing_ok=True)
+        for dev in numbers:
+            (folder / dev).unlink(missing_ok=True)
         folder.rmdir()
 
 
@@ -97,6 +107,12 @@ def opens(text: str) -> dict:
 OPEN_ALL = "for f in {folder}/gpu0 {folder}/gpu1 {folder}/stray; do cat $f 2>&1 | sed \"s|^|$f: |\"; done"
 
 
+def _container_of(node, user, jid: int) -> str:
+    return wait_for(f"the container of job {jid}", lambda: mt_podman(
+        node, user, "ps", "--filter", f"label=mtgpu.job={jid}", "--format", "{{.Names}}").stdout.strip(),
+        timeout_s=30, interval_s=0.2)
+
+
 def _job_and_exec(node, user, image, copies, *gpus: str) -> tuple[dict, str, str]:
     """A container job that prints what it opens, then waits while `mt-podman exec` into
     its container, by name and by id, does the same: (the job, its log, the two execs' output)."""
@@ -106,9 +122,7 @@ def _job_and_exec(node, user, image, copies, *gpus: str) -> tuple[dict, str, str
     try:
         wait_for(f"job {jid} to open the nodes", lambda: "opened" in node.mt_job(user, "logs", str(jid)).stdout,
                  timeout_s=90)
-        name = wait_for(f"the container of job {jid}", lambda: mt_podman(
-            node, user, "ps", "--filter", f"label=mtgpu.job={jid}", "--format", "{{.Names}}").stdout.strip(),
-            timeout_s=30, interval_s=0.2)
+        name = _container_of(node, user, jid)
         r = mt_podman(node, user, "exec", "-e", "X=1", name, "sh", "-c", OPEN_ALL.format(folder=copies))
         cid = mt_podman(node, user, "inspect", "--format", "{{.Id}}", name).stdout.strip()[:12]
         by_id = mt_podman(node, user, "exec", cid, "sh", "-c", OPEN_ALL.format(folder=copies))  # as VS Code does
@@ -165,6 +179,51 @@ def test_a_workspace_with_no_gpu_and_every_exec_into_it_open_no_gpu_node(dnode, 
         mtc(dnode, alice, "rm", "nogpu")
 
 
+def _host_pid_of(argv: list[str]) -> int | None:
+    """The pid, as the host numbers it, of the one process whose command line is `argv`."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")[:-1] == [a.encode() for a in argv]:
+                found.append(int(d))
+        except OSError:
+            continue  # it ended meanwhile
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def test_vram_an_exec_session_uses_counts_as_the_container_jobs_and_it_ends_with_the_job(dnode, alice, image):
+    """An `mt-podman exec` into a container job joins the job's cgroup, so the GPU telemetry's
+    per-process figures are the job's (issue 25): VRAM the exec's process uses, above the
+    job's reservation, gets the job stopped with the figures, and the exec ends with it."""
+    from mtgpu.agent.telemetry.simulated import default_override_path, write_simulated_load
+
+    jid = dnode.submit_json(alice, "--container", image, "--gpus", "1", "--gpu-mode", "shared", "--vram", "8G",
+                            "--wrap", "sleep 600")["job_id"]
+    mine = dnode.wait_state(jid, "running", timeout_s=90)["gpus"][0]["index"]
+    marker = ["sleep", str(700000 + os.getpid() % 100000)]  # the exec's process, found by its command line
+    session = subprocess.Popen(
+        [PYTHON, "-m", "mtgpu.cli.podman", "exec", _container_of(dnode, alice, jid), *marker],
+        env=dnode.env_for(alice.home), user=alice.uid, group=alice.gid, extra_groups=[], cwd=alice.home,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    override = default_override_path(dnode.state_dir)
+    try:
+        pid = wait_for("the exec's process", lambda: _host_pid_of(marker), timeout_s=60, interval_s=0.2)
+        assert f"/job-{jid}" in Path(f"/proc/{pid}/cgroup").read_text()  # moved into the job's groups
+        write_simulated_load(override, mine, processes=[{"pid": pid, "used_vram_bytes": 12 << 30, "name": "exec"}])
+        job = dnode.wait_state(jid, {"completed", "failed", "cancelled"}, timeout_s=60)
+        assert job["state"] == "failed", job
+        assert job["reason"].startswith(f"used 12G of VRAM on GPU {mine}, above the 8G it reserved"), job["reason"]
+        wait_for("the exec to end with its job", lambda: session.poll() is not None, timeout_s=30)
+    finally:
+        write_simulated_load(override, mine, processes=[])
+        if session.poll() is None:
+            os.killpg(session.pid, signal.SIGKILL)
+        session.communicate(timeout=30)
+        if dnode.job(jid)["state"] not in ("completed", "failed", "cancelled"):
+            dnode.mt_job(alice, "cancel", str(jid))
+
+
 def _opened(log: str) -> str | None:
     return log if "opened" in log else None
 
@@ -175,11 +234,72 @@ def _running(node, user, name: str) -> dict | None:
     return ws if ws["state"] == "running" and ws["workspace"]["container"] else None
 
 
+def _image_in_store(node, user, image) -> None:
+    """A container job of the tenant's has run `image`: the image is in the tenant's store."""
+    jid = node.submit_json(user, "--container", image, "--wrap", "true")["job_id"]
+    assert node.wait_state(jid, {"completed", "failed"}, timeout_s=90)["state"] == "completed"
+
+
 def test_a_tenants_own_podman_outside_its_jobs_opens_no_gpu_node(dnode, alice, image, copies):
     """mt-podman run (and what a tenant's SSH session runs) is in the sessions group, which
-    holds no GPU: a container it starts gets EPERM on every GPU's node, `--device` included."""
-    jid = dnode.submit_json(alice, "--container", image, "--wrap", "true")["job_id"]  # the image in its store
-    assert dnode.wait_state(jid, {"completed", "failed"}, timeout_s=90)["state"] == "completed"
+    holds no GPU: a container it starts gets EPERM on every GPU's node it mounts (`--device`:
+    the next test)."""
+    _image_in_store(dnode, alice, image)
     r = mt_podman(dnode, alice, "run", "--rm", "--pull=never", "--network=none", "-v", f"{copies}:{copies}", image,
                   "sh", "-c", OPEN_ALL.format(folder=copies))
     assert opens(r.stdout + r.stderr) == {0: "EPERM", 1: "EPERM", "stray": "ENXIO"}, (r.stdout, r.stderr)
+
+
+def _devices(*pairs: tuple[str, str]) -> list[str]:
+    return [a for host, inside in pairs for a in ("--device", f"{host}:{inside}")]
+
+
+def test_a_tenants_own_podman_run_with_device_opens_no_gpu_node(dnode, alice, image, copies):
+    """`mt-podman run --device NODE` (issue 25, point 3): rootless podman cannot make a device
+    node, so it bind-mounts the host's, and the container, in the sessions group, is denied
+    every GPU's node, the node's own `/dev/mtgpu/...` as a copy in the home; a GPU a job of
+    the tenant's holds is no different outside that job. The stray node is no GPU: nothing
+    fences it (ENXIO), as in a plain session."""
+    _image_in_store(dnode, alice, image)
+    sim = spec_name("node-a", PodmanHost(dnode.state_dir).key)
+    held, mine = _holding_job(dnode, alice)
+    try:
+        r = mt_podman(dnode, alice, "run", "--rm", "--pull=never", "--network=none",
+                      *_devices((sim_device_path(sim, 0), "/dev/g/gpu0"), (f"{copies}/gpu1", "/dev/g/gpu1"),
+                                (f"{copies}/stray", "/dev/g/stray")),
+                      image, "sh", "-c", f"ls -l /dev/g; {OPEN_ALL.format(folder='/dev/g')}")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert all(f"/dev/g/{n}:" in r.stdout for n in ("gpu0", "gpu1", "stray")), r.stdout  # each was there
+        assert opens(r.stdout + r.stderr) == {0: "EPERM", 1: "EPERM", "stray": "ENXIO"}, (r.stdout, r.stderr)
+        # the held GPU's own node, by --device, from outside the job that holds it
+        r = mt_podman(dnode, alice, "run", "--rm", "--pull=never", "--network=none",
+                      *_devices((sim_device_path(sim, mine), "/dev/g/gpu0")), image, "cat", "/dev/g/gpu0")
+        assert r.returncode != 0 and FENCED in r.stderr, (r.stdout, r.stderr)
+    finally:
+        dnode.mt_job(alice, "cancel", str(held))
+    dnode.wait_state(held, "cancelled", timeout_s=60)
+
+
+def _holding_job(node, user) -> tuple[int, int]:
+    """A native job of the tenant's holding one GPU, running: (its id, its GPU's index)."""
+    jid = node.submit_json(user, "--gpus", "1", "--wrap", "sleep 600")["job_id"]
+    return jid, node.wait_state(jid, "running", timeout_s=60)["gpus"][0]["index"]
+
+
+def test_own_podman_run_with_device_inside_a_native_job_opens_only_that_jobs_gpu(dnode, alice, image, copies):
+    """From a job's own script `mt-podman run` stays in the job's cgroup (its GPUs are a
+    reservation's): `--device` of both GPUs' nodes, its own opens (ENXIO), the other is
+    denied (EPERM)."""
+    _image_in_store(dnode, alice, image)
+    sim = spec_name("node-a", PodmanHost(dnode.state_dir).key)
+    run = " ".join([f"MTGPU_SOCKET={dnode.socket_path}", f"PYTHONPATH={REPO_ROOT}", PYTHON, "-m", "mtgpu.cli.podman",
+                    "run", "--rm", "--pull=never", "--network=none",
+                    *_devices((sim_device_path(sim, 0), "/dev/g/gpu0"), (sim_device_path(sim, 1), "/dev/g/gpu1"),
+                              (f"{copies}/stray", "/dev/g/stray")),
+                    image, "sh", "-c", f"'{OPEN_ALL.format(folder='/dev/g')}'"])
+    jid = dnode.submit_json(alice, "--gpus", "1", script=f"#!/bin/bash\n{run} 2>&1\necho rc=$?\n")["job_id"]
+    job = dnode.wait_state(jid, {"completed", "failed"}, timeout_s=120)
+    out = dnode.mt_job(alice, "logs", str(jid)).stdout
+    assert job["state"] == "completed" and "rc=0" in out, (job["reason"], out)
+    mine = job["gpus"][0]["index"]
+    assert opens(out) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "ENXIO"}, out  # a native job's deny-list

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from mtgpu.workspaces.jsonc import loads_jsonc
 from mtgpu.workspaces.variables import PODMAN_DEFAULT_PATH
-from tests.integration.test_workspaces import image, mtc, mtc_json, running, wnode  # noqa: F401 (fixtures)
-from tests.support.node import wait_for
+from tests.integration.test_workspaces import _staged, image, mtc, mtc_json, running, wnode  # noqa: F401 (fixtures)
+from tests.support.node import running_node, wait_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "devcontainer"
 
@@ -216,6 +216,63 @@ def test_a_registry_feature_is_refused_naming_it_before_any_build(wnode, alice, 
     assert "the Feature ghcr.io/devcontainers/features/node:1 comes from a registry" in r.stderr, r.stderr
     assert 'name it "./node"' in r.stderr, r.stderr
     assert not mtc_json(wnode, alice, "list")
+
+
+# ------------------------------------------------ Features an admin staged (point 8)
+
+GREETER = "ghcr.io/mtgpu-test/features/greeter:1"
+BASE_TOOLS = "ghcr.io/mtgpu-test/features/base-tools:1"
+
+
+def _feature_archive(path: Path, meta: dict, install: str) -> str:
+    """A Feature's archive as a registry serves it (its folder, tar.gz), root's file, as an admin stages it."""
+    folder = path.with_suffix(".d")
+    folder.mkdir()
+    (folder / "devcontainer-feature.json").write_text(json.dumps(meta))
+    (folder / "install.sh").write_text("#!/bin/sh\nset -e\n" + install)
+    subprocess.run(["tar", "-C", str(folder), "-czf", str(path), "."], check=True)
+    os.chmod(path, 0o644)
+    return str(path)
+
+
+def test_a_staged_registry_feature_is_built_into_the_image_as_a_local_one(alice, image, base):
+    """[CONTAINERS] features stages two registry Features' archives; a devcontainer.json names one
+    (with an option), a local Feature that installsAfter it, and a registry Feature not staged.
+    The unstaged one is refused naming the key that stages it; without it, the staged one is
+    built as a local one is: its dependsOn (staged too) first, its options, install.sh as root,
+    its containerEnv in the image; then the local one."""
+    staged = {
+        GREETER: _feature_archive(base / "greeter.tgz", {
+            "id": "greeter", "options": {"greeting": {"type": "string", "default": "hello"}},
+            "containerEnv": {"GREETER_HOME": "/opt/greeter"}, "dependsOn": {BASE_TOOLS: {"flavor": "plain"}}},
+            'mkdir -p /opt/greeter && id -u > /opt/greeter/installed-by && echo "greeter $GREETING" >> /feature-order\n'),
+        BASE_TOOLS: _feature_archive(base / "base-tools.tgz", {
+            "id": "base-tools", "options": {"flavor": {"type": "string", "default": "full"}}},
+            'echo "base-tools $FLAVOR" >> /feature-order\n'),
+    }
+    with running_node([], CONTAINERS={"enabled": True, "templates": {"plain": image}, "allow_user_images": True,
+                                      "features": staged}) as node:
+        wait_for("the image to be staged", lambda: image in _staged(node), timeout_s=120)
+        hello = {"hello/devcontainer-feature.json": json.dumps({"id": "hello", "installsAfter": [GREETER.split(":")[0]]}),
+                 "hello/install.sh": '#!/bin/sh\necho "hello $_REMOTE_USER" >> /feature-order\n'}
+        config = {"image": image, "features": {"./hello": {}, GREETER: {"greeting": "hey"},
+                                               "ghcr.io/devcontainers/features/node:1": {}}}
+        project = _project(alice, "staged", config, hello)
+        r = mtc(node, alice, "create", "--devcontainer", str(project))
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert ("the Feature ghcr.io/devcontainers/features/node:1 comes from a registry, which this node cannot "
+                "reach, and it is not staged here: an admin can stage its archive on this node ([CONTAINERS] features = "
+                '{ "ghcr.io/devcontainers/features/node:1" = ') in r.stderr, r.stderr
+        assert "greeter" not in r.stderr and "building" not in r.stderr, r.stderr
+        del config["features"]["ghcr.io/devcontainers/features/node:1"]
+        (project / ".devcontainer" / "devcontainer.json").write_text(json.dumps(config))
+        r = mtc(node, alice, "create", "--devcontainer", str(project), "--name", "staged", "--json", timeout_s=300)
+        assert r.returncode == 0, (r.stdout, r.stderr, node.server_log()[-2000:])
+        assert json.loads(r.stdout)["workspace"]["image"].endswith("-features:latest"), r.stdout
+        running(node, alice, "staged")
+        out = _exec(node, alice, "staged", "cat /feature-order; cat /opt/greeter/installed-by; echo $GREETER_HOME")
+        assert out.splitlines() == ["base-tools plain", "greeter hey", "hello root", "0", "/opt/greeter"], out
+        assert mtc(node, alice, "rm", "staged").returncode == 0
 
 
 # ------------------------------------------------ ${containerEnv:...} in lifecycle commands, Feature order

@@ -98,12 +98,23 @@ def test_an_api_command_says_the_path_in_use_p2p_when_the_direct_path_is_up(tmp_
                 wait_for("a command that says p2p", p2p, timeout_s=90, interval_s=0.5)
             except AssertionError:
                 raise AssertionError(f"never p2p; the commands said: {said}") from None
-            def live_view():  # a server slower than the live view's bound (5 s) is listed as unreachable
+            seen = []
+
+            def live_p2p() -> bool:  # a server slower than the live view's bound (5 s) is listed as unreachable
                 r = remotegpu(home, "servers", "--live", "--json")
-                return json.loads(r.stdout)[0] if r.returncode == 0 else None
-            view = wait_for("servers --live to hear the node through DirectLink", live_view, timeout_s=90,
-                            interval_s=1.0)
-            assert view["path"] in ("p2p", "relayed"), view
+                if r.returncode != 0:
+                    seen.append(r.stderr.strip()[-300:])
+                    return False
+                view = json.loads(r.stdout)[0]
+                seen.append(view["path"])
+                # the path it lists is the one its own command line said
+                assert f"through DirectLink to node-dp ({view['path']})" in r.stderr, (view, r.stderr)
+                return view["path"] == "p2p"
+            try:
+                wait_for("servers --live to list the node as p2p, as the command said", live_p2p, timeout_s=90,
+                         interval_s=1.0)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; servers --live said: {seen}") from None
         finally:
             stop_node_and_remove_tenants(node, [name], UID_RANGE)
 

@@ -58,7 +58,10 @@ def test_an_invitation_joins_from_behind_nat_through_the_relay_and_then_runs_com
             try:
                 wait_for("whoami through the direct path", whoami_p2p, timeout_s=120, interval_s=1)
             except AssertionError:
-                raise AssertionError(f"never p2p; whoami said: {said}") from None
+                log = "\n".join(p.read_text(errors="replace") for p in node.log_files if p.exists())
+                lines = [line for line in log.splitlines() if "directlink" in line.lower()]
+                raise AssertionError(f"never p2p; whoami said: {said[-5:]}; the member's DirectLink lines: "
+                                     + "\n".join(lines[-30:])) from None
             wait_for("the newcomer's account", lambda: pwd.getpwnam(newcomer), timeout_s=60)
             r = remotegpu(lab, "b", home, "ssh", "gpu-a", "id", "-un", timeout_s=120)
             assert r.returncode == 0 and r.stdout.strip() == newcomer, r.stderr + node.server_log()[-3000:]

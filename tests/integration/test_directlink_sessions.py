@@ -2,7 +2,8 @@
 NAT B that reaches it with plain `ssh` through the block `remotegpu-cli ssh-config`
 wrote (tests/support/dlmember.py). An open terminal (`ssh -T HOST cat`) keeps echoing
 while a second ssh runs beside it, while the relay is killed under its direct path (a
-new session works once the relay is back), and while the laptop changes its address."""
+new ssh started meanwhile waits for the relay, saying so, and gets in once it is back),
+and while the laptop changes its address."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_a_second_ssh_from_the_same_laptop_leaves_the_first_session_working(site
         term.close()
 
 
-def test_a_direct_session_outlives_the_relay_and_new_sessions_work_once_it_is_back(site):
+def test_a_direct_session_outlives_the_relay_and_new_sessions_work_once_it_is_back(site, tmp_path):
     term = Terminal(site)
     try:
         term.echo("before")
@@ -55,10 +56,33 @@ def test_a_direct_session_outlives_the_relay_and_new_sessions_work_once_it_is_ba
             term.echo(f"relay-gone-{i}")
             time.sleep(1)
         assert term.p.poll() is None
-        site.start_relay()
-        r = wait_for("a new ssh session once the relay is back", lambda: (r := ssh_id(site)).returncode == 0 and r,
-                     timeout_s=120, interval_s=2)
-        assert r.stdout.strip() == site.name
+        # A new ssh while the relay is down waits for it, saying so, and gets in once it is back
+        # (its ConnectTimeout covers the wait: ssh's banner wait counts it).
+        err = tmp_path / "waiting-ssh.err"
+        argv = site.lab.prefix("b") + ["ssh", "-F", str(site.ssh_config), "-o", "BatchMode=yes",
+                                       "-o", "ConnectTimeout=150", site.host, "id", "-un"]
+        with open(err, "wb") as stderr:
+            waiting = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, env=client_env(site.home),
+                                       start_new_session=True)
+        try:
+            wait_for("the new ssh to say it waits for the relay",
+                     lambda: "not answering; waiting for it" in err.read_text(errors="replace") or
+                     waiting.poll() is not None, timeout_s=60, interval_s=0.5)
+            assert waiting.poll() is None, err.read_text(errors="replace")
+            term.echo("relay-gone-a-new-ssh-waits")
+            site.start_relay()
+            out, _ = waiting.communicate(timeout=180)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()  # its own process group: this test's
+                waiting.wait(timeout=30)
+        said = err.read_text(errors="replace")
+        assert waiting.returncode == 0 and out.decode().strip() == site.name, said + site.node.server_log()[-3000:]
+        relay_at = site.relay[1][site.relay[1].index("--listen") + 1]
+        assert said.count(f"remotegpu: the relay {relay_at} is not answering; waiting for it (up to ") == 1, said
+        r = ssh_id(site)  # and the next one goes at once
+        assert r.returncode == 0 and r.stdout.strip() == site.name, r.stderr
+        assert "not answering" not in r.stderr, r.stderr
         term.echo("after")
         assert "session(s) on the direct path go on" in site.node.server_log()
     finally:

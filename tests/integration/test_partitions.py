@@ -40,7 +40,8 @@ def test_a_member_left_alone_says_no_scheduler_is_reachable_instead_of_showing_t
                                            if n["name"] != member_name(alone)) else None
         view, stderr = wait_for("the survivor to say it is cut off", nodes, timeout_s=60, interval_s=0.5)
         dead = [n for n in view if n["name"] != member_name(alone)]
-        assert len(dead) == 2 and all("no scheduler reachable from" in n["reason"] for n in dead), view
+        assert len(dead) == 2 and all("no scheduler reachable from" in n["reason"] for n in dead), \
+            [(n["name"], n["state"], n["role"], n["reason"], n.get("standing")) for n in view]
         assert all(n["role"].endswith("?") for n in dead), view  # the last known role, not a current one
         # itself: degraded, and since when it reached no scheduler (it did reach one: not "since it started")
         me = next(n for n in view if n["name"] == member_name(alone))

@@ -32,12 +32,13 @@ from mtgpu.agent.podman.tenant import PodmanHost
 from mtgpu.agent.runners.cgroups import SESSIONS_SUFFIX, CgroupManager
 from tests.integration.test_device_bpf import cgroup2_mount, free_local_major, remove_cgroup_tree
 from tests.support.laptop import invite_and_join
-from tests.support.node import free_port, running_node, wait_for
+from tests.support.node import PYTHON, REPO_ROOT, free_port, running_node, wait_for
 from tests.support.users import can_create_users, stop_node_and_remove_tenants
 
 GPUS2 = [{"model": "NVIDIA GeForce RTX 4090", "vendor": "nvidia", "vram": "24G", "count": 2}]
 UID_RANGE = (470000, 474999)  # its own: the accounts these nodes make never meet another test's
 OPEN_UID_RANGE = (475000, 479999)
+WS_UID_RANGE = (485000, 489999)
 PROBE = """import errno, os, sys
 out = []
 for i, path in enumerate(sys.argv[1:]):
@@ -218,6 +219,90 @@ def test_vram_an_attached_session_uses_counts_as_the_jobs_and_the_session_ends_w
             os.killpg(session.pid, signal.SIGKILL)
         session.communicate(timeout=30)
         pid_file.unlink(missing_ok=True)
+
+
+# what a tenant runs to use podman itself, with the settings mt-podman would give it, but
+# without telling the node which container it will exec into
+PODMAN_ENV = """from mtgpu.client.local import LocalClient
+import shlex
+with LocalClient() as c:
+    print(" ".join(f"export {k}={shlex.quote(v)}" for k, v in c.podman_env()["env"].items() if k != "HOME"))
+"""
+
+
+@pytest.fixture(scope="module")
+def wslab():
+    """A node as `lab`'s with containers on, a running workspace of its tenant's holding one
+    GPU (its container sleeps), and each GPU's device node again, with a stray one, in the
+    tenant's home, which the workspace has mounted (test_container_devices' copies)."""
+    # imported here: that module skips itself where podman or cgroups are missing, as this fixture must
+    from tests.integration import test_container_devices as cd
+    from tests.support.images import busybox_image
+
+    with busybox_image() as image, ssh_node(
+            WS_UID_RANGE, f"sw{os.getpid() % 10000}",
+            CONTAINERS={"enabled": True, "images": [image],
+                        "templates": {"holder": {"image": image, "command": "exec sleep 3600"}}}) as made:
+        wait_for("the image to be staged", lambda: image in cd._staged(made.node), timeout_s=120)
+        podman_env = made.node.base / "podman_env.py"
+        podman_env.write_text(PODMAN_ENV)
+        podman_env.chmod(0o644)
+        with cd.gpu_node_copies(made.node, made.user.home) as folder:
+            r = made.node.run_cli("mtgpu.cli.container", made.user, "create", "--template", "holder", "--gpus", "1",
+                                  "--name", "held", "--json", timeout_s=180)
+            assert r.returncode == 0, (r.stdout, r.stderr, made.node.server_log()[-3000:])
+            ws = json.loads(r.stdout)
+            try:
+                assert ws["state"] == "running", (ws["state"], ws["reason"])
+                raw_env = f'eval "$(PYTHONPATH="$MTGPU_PKG_ROOT" "$MTGPU_PYTHON" {podman_env})"'
+                yield SimpleNamespace(lab=made, ws=ws, mine=ws["gpus"][0]["index"], opens=cd.opens,
+                                      open_all=cd.OPEN_ALL.format(folder=folder), raw_podman_env=raw_env)
+            finally:
+                made.node.run_cli("mtgpu.cli.container", made.user, "rm", "held", timeout_s=120)
+
+
+def test_an_ssh_login_with_mtgpu_workspace_opens_its_gpu_and_is_denied_the_other(wslab):
+    """`ssh -o SetEnv=MTGPU_WORKSPACE=NAME` (issue 25, point 1): the command runs in the
+    workspace's container and cgroup, whose allow-list holds its one GPU: its own node opens
+    (ENXIO: past the fence, no driver), the other GPU's and a stray node are denied (EPERM).
+    The same tenant's plain login next to it opens neither GPU."""
+    inside, plain = ssh(wslab.lab, (wslab.open_all, {"MTGPU_WORKSPACE": "held"}), (wslab.open_all, None))
+    mine = wslab.mine
+    assert wslab.opens(inside.stdout + inside.stderr) == {mine: "ENXIO", 1 - mine: "EPERM", "stray": "EPERM"}, \
+        (inside.exit_status, inside.stdout, inside.stderr)
+    assert wslab.opens(plain.stdout + plain.stderr) == {0: "EPERM", 1: "EPERM", "stray": "ENXIO"}, plain.stdout
+
+
+def test_a_raw_podman_exec_from_a_plain_ssh_session_into_the_workspace_gets_no_gpu(wslab):
+    """`podman exec` itself (not mt-podman: the node is not asked to move it) starts its
+    process in the caller's cgroup, here the sessions group, which holds no GPU: not even
+    the workspace's own (EPERM on both), whatever the container may open."""
+    container = wslab.ws["workspace"]["container"]
+    raw, = ssh(wslab.lab, (f"{wslab.raw_podman_env}; podman exec {container} sh -c '{wslab.open_all}'", None))
+    assert raw.exit_status == 0, (raw.stdout, raw.stderr)
+    assert wslab.opens(raw.stdout + raw.stderr) == {0: "EPERM", 1: "EPERM", "stray": "ENXIO"}, \
+        (raw.stdout, raw.stderr)
+
+
+def test_mt_job_gpus_in_a_jobs_own_script_shows_exactly_its_gpus(lab):
+    """Run by a native job's script (no SSH session around it): its one GPU, held by it; a job
+    without a GPU sees none."""
+    view = (f"MTGPU_SOCKET={lab.node.socket_path} PYTHONPATH={REPO_ROOT} {PYTHON} -m mtgpu.cli.job gpus --json"
+            " > $HOME/gpus-$MTGPU_JOB_ID.json")
+    one = lab.node.submit_json(lab.user, "--gpus", "1", script=f"#!/bin/bash\n{view}\n")["job_id"]
+    none = lab.node.submit_json(lab.user, script=f"#!/bin/bash\n{view}\n")["job_id"]
+    seen = {}
+    try:
+        for jid in (one, none):
+            job = lab.node.wait_state(jid, {"completed", "failed"}, timeout_s=90)
+            assert job["state"] == "completed", (job["reason"], lab.node.mt_job(lab.user, "logs", str(jid)).stdout)
+            seen[jid] = (job["gpus"], json.loads((Path(lab.user.home) / f"gpus-{jid}.json").read_text()))
+    finally:
+        for jid in (one, none):
+            (Path(lab.user.home) / f"gpus-{jid}.json").unlink(missing_ok=True)
+    (held,), shown = seen[one]
+    assert [(g["index"], g["your_jobs"]) for g in shown] == [(held["index"], [one])], shown
+    assert seen[none] == ([], []), seen[none]
 
 
 def test_with_session_gpus_all_a_plain_ssh_session_opens_every_gpu():

@@ -275,3 +275,27 @@ def test_a_changed_raft_journal_entry_stops_a_member_naming_it_and_the_fix_fetch
         run_the_named_fix(log)
         job = back_with_the_clusters_state(victim, jid)
         assert "echo hi 2" in job["spec"]["script"] and "echo hX 2" not in job["spec"]["script"], job
+
+
+def test_a_journal_entry_of_a_newer_state_format_stops_a_standalone_node_naming_both_formats(alice, monkeypatch):
+    """What a newer mtgpu wrote (issue 29 point 1) is not taken for damage, nor skipped: the
+    start stops, naming the entry and both state formats, and nothing of it is applied."""
+    from mtgpu.state import commands as C
+    from mtgpu.state.journal import JournaledState
+    with running_node([]) as node:
+        jid = node.submit_json(alice, "--wrap", "echo hi")["job_id"]
+        assert node.wait_state(jid, {"completed", "failed"})["state"] == "completed"
+        node.terminate()
+        state = node.state_dir / "state"
+        this, following = C.STATE_FORMAT, C.STATE_FORMAT + 1
+        monkeypatch.setattr(C, "STATE_FORMAT", following)  # this test's process as the next mtgpu, writing one
+        monkeypatch.setitem(C.FORMAT_OF, C.TENANT_SEEN, following)
+        js = JournaledState(state)
+        tenant = next(iter(js.machine.tenants))
+        assert js.apply(C.command(C.TENANT_SEEN, name=tenant, at=1.0))["ok"]
+        seq = js.machine.applied
+        js.close()
+        log = refused_start(node)  # the node's own mtgpu: format 1
+        assert f"the journal {state / 'journal.jsonl'}, entry {seq} (tenant.seen.v1)" in log, log
+        assert f"is of state format {following}, and this mtgpu applies state format {this} at most" in log, log
+        assert "mtgpu-setup upgrade" in log and "Traceback" not in log, log

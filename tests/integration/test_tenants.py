@@ -18,6 +18,7 @@ import pytest
 from mtgpu.client.local import ClientError
 from mtgpu.client.remote import RemoteClient
 from mtgpu.client.signing import generate_key_pair
+from tests.support.laptop import sshd_up
 from tests.support.node import free_port, running_node, wait_for
 from tests.support.users import can_create_users, remove_tenant_accounts
 
@@ -55,20 +56,6 @@ def node():
             n.terminate()
             problems = remove_tenant_accounts(names, UID_RANGE)
             assert not problems, problems
-
-
-def sshd_up(node, name: str) -> None:
-    """The tenant sshd listens and serves `name`: its keys are the agent's last step for a new
-    tenant, after the account (which appears first) and the mtgpu-tenants group."""
-    import socket
-
-    def accepts():
-        with socket.create_connection(("127.0.0.1", node.ssh_port), timeout=1):
-            return True
-
-    wait_for("the tenant sshd to listen", accepts)
-    keys = node.state_dir / "ssh" / "authorized_keys" / name
-    wait_for(f"{name}'s keys in the tenant sshd ({keys})", lambda: keys.is_file() and keys.stat().st_size > 0)
 
 
 def join(node, name: str, tmp_path: Path, *extra: str) -> tuple[dict, Path]:

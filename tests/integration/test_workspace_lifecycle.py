@@ -95,3 +95,38 @@ def test_a_devcontainer_build_is_refused_before_podman_builds_where_own_images_a
     r = lnode.run_cli("mtgpu.cli.podman", alice, "images", "--format", "json")
     assert r.returncode == 0 and "devcontainer-" not in r.stdout, r.stdout
     assert not [w for w in mtc_json(lnode, alice, "list") if w["workspace"]["name"] == "nobuild"]
+
+
+def test_a_local_feature_is_refused_before_podman_builds_where_own_images_are_not_allowed(lnode, alice, image):
+    """A local Feature makes an image of the tenant's own (its install.sh built on `image`), as a
+    `build` does: where tenants' own images do not run it is refused before anything is built."""
+    project = Path(alice.home) / "nofeature"
+    feature = project / ".devcontainer" / "x"
+    feature.mkdir(parents=True)
+    (feature / "devcontainer-feature.json").write_text('{"id": "x"}')
+    (feature / "install.sh").write_text("#!/bin/sh\necho built > /built-file\n")
+    (project / ".devcontainer" / "devcontainer.json").write_text(
+        '{"image": "%s", "features": {"./x": {}}}' % image)
+    subprocess.run(["chown", "-R", f"{alice.uid}:{alice.gid}", str(project)], check=True)
+    r = mtc(lnode, alice, "create", "--devcontainer", str(project))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "allow_user_images = false" in r.stderr and "node-a" in r.stderr and "building" not in r.stderr, r.stderr
+    assert "its Features (./x) makes an image of your own" in r.stderr, r.stderr
+    r = lnode.run_cli("mtgpu.cli.podman", alice, "images", "--format", "json")
+    assert r.returncode == 0 and "devcontainer-" not in r.stdout, r.stdout
+    assert not [w for w in mtc_json(lnode, alice, "list") if w["workspace"]["name"] == "nofeature"]
+
+
+def test_a_registry_feature_is_refused_as_an_image_of_ones_own_before_anything_is_fetched(lnode, alice, image):
+    """A Feature from a registry, staged or not, is built into an image of the tenant's own like
+    a local one: where those do not run, it is refused first (not as "not staged")."""
+    project = Path(alice.home) / "noregfeature"
+    (project / ".devcontainer").mkdir(parents=True)
+    (project / ".devcontainer" / "devcontainer.json").write_text(
+        '{"image": "%s", "features": {"ghcr.io/devcontainers/features/node:1": {}}}' % image)
+    subprocess.run(["chown", "-R", f"{alice.uid}:{alice.gid}", str(project)], check=True)
+    r = mtc(lnode, alice, "create", "--devcontainer", str(project))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert ("its Feature ghcr.io/devcontainers/features/node:1 makes an image of your own, to run on node-a, which "
+            "does not run tenants' own images ([CONTAINERS] allow_user_images = false)") in r.stderr, r.stderr
+    assert "not staged" not in r.stderr and "building" not in r.stderr, r.stderr

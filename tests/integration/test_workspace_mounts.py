@@ -247,3 +247,35 @@ def test_a_folder_named_with_a_colon_and_a_comma_is_mounted(wnode, alice, image)
         assert r.returncode == 0 and r.stdout == "odd name\n", (path, r.stdout, r.stderr)
     assert (home / "run:2,b").is_dir()
     assert mtc(wnode, alice, "rm", "oddname").returncode == 0
+
+
+def test_a_workspace_mount_or_project_folder_that_is_a_symlink_out_of_the_home_is_refused(wnode, alice, image, base):
+    """workspaceMount is a host path like any other: written as a symlink out of the home, or
+    left to its default (the project folder) where the project folder itself is a symlink out
+    of the home, the file is refused naming workspaceMount, the value and the fix."""
+    home = Path(alice.home)
+    (home / "wsetc").symlink_to("/etc")
+    _owned(alice, home / "wsetc")
+    project = _project(alice, "wsmount", {
+        "image": image, "workspaceFolder": "/workspaces/w",
+        "workspaceMount": "source=${localEnv:HOME}/wsetc,target=/workspaces/w,type=bind"})
+    r = mtc(wnode, alice, "create", "--devcontainer", str(project))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    err = r.stderr
+    assert f"workspaceMount = 'type=bind,source={home}/wsetc," in err, err  # the value (long ones are cut)
+    assert f"bind source {home}/wsetc leaves your home through the symlink {home}/wsetc -> /etc" in err, err
+    assert "point the source at the real folder in your home, or use a named volume" in err, err
+    # the project folder itself: ~/projlink -> a folder of alice's outside her home (a scratch folder)
+    outside = base / "proj"
+    (outside / ".devcontainer").mkdir(parents=True)
+    (outside / ".devcontainer" / "devcontainer.json").write_text(json.dumps({"image": image}))
+    subprocess.run(["chown", "-R", f"{alice.uid}:{alice.gid}", str(outside)], check=True)
+    (home / "projlink").symlink_to(outside)
+    _owned(alice, home / "projlink")
+    r = mtc(wnode, alice, "create", "--devcontainer", str(home / "projlink"))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    err = r.stderr
+    assert f"workspaceMount = 'type=bind,source={home}/projlink," in err, err
+    assert f"bind source {home}/projlink leaves your home through the symlink {home}/projlink -> {outside}" in err, err
+    assert "point the source at the real folder in your home, or use a named volume" in err, err
+    assert not mtc_json(wnode, alice, "list"), "a refused workspace was created"

@@ -167,8 +167,14 @@ class Terminal:
 
     def wait_direct(self) -> None:
         """Wait until the session's proxy says it took the direct path (not the relay)."""
-        wait_for("the terminal's direct path", lambda: "remotegpu: path direct\n" in self.err, timeout_s=60,
-                 interval_s=0.5)
+        try:
+            wait_for("the terminal's direct path", lambda: "remotegpu: path direct\n" in self.err, timeout_s=60,
+                     interval_s=0.5)
+        except AssertionError as e:
+            log = "\n".join(p.read_text(errors="replace") for p in self.site.node.log_files if p.exists())
+            said = [line for line in log.splitlines() if "directlink" in line.lower()]
+            raise AssertionError(f"{e}; the proxy said: {''.join(self.err)[-1500:]}; the member's DirectLink "
+                                 f"lines: {chr(10).join(said[-30:])}") from None
 
     def close(self) -> None:
         if self.p.poll() is None:

@@ -12,6 +12,7 @@ import os
 import pwd
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .node import REPO_ROOT, Node, free_port, running_node, wait_for
@@ -81,10 +82,39 @@ def printed_link(proc: subprocess.Popen) -> str:
 
 def invite_and_join(node: Node, name: str, home: Path) -> pwd.struct_passwd:
     """join(), then wait for the tenant's account and home on the node (in the machine's
-    account database)."""
+    account database) and, where the node has a tenant sshd, for it to listen with the
+    tenant's keys."""
     join(node, name, home)
-    return wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(name).pw_dir)
-                    and pwd.getpwnam(name), timeout_s=60)
+    pw = wait_for("the tenant's account and home", lambda: os.path.isdir(pwd.getpwnam(name).pw_dir)
+                  and pwd.getpwnam(name), timeout_s=60)
+    if ssh_listen_port(node) is not None and not node.base.is_relative_to(tempfile.gettempdir()):
+        sshd_up(node, name)  # (under /tmp sshd's StrictModes refuses the node's files: no sshd there)
+    return pw
+
+
+def ssh_listen_port(node: Node) -> int | None:
+    """The port of the node's tenant sshd (SSH_LISTEN in its config), or None."""
+    import tomllib
+    listen = tomllib.loads(node.config_path.read_text()).get("SSH_LISTEN")
+    return int(str(listen).rpartition(":")[2]) if listen else None
+
+
+def sshd_up(node: Node, name: str, timeout_s: float = 90) -> None:
+    """The tenant sshd listens and serves `name`: its keys are the agent's last step for a new
+    tenant, after the account (which appears first) and the mtgpu-tenants group. The member
+    starts sshd in its accounts agent, after the node answers: on a loaded machine a test
+    that connected at once met a refused connection."""
+    import socket
+    port = ssh_listen_port(node)
+
+    def accepts():
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    wait_for(f"the tenant sshd to listen on 127.0.0.1:{port}", accepts, timeout_s=timeout_s, interval_s=0.2)
+    keys = node.state_dir / "ssh" / "authorized_keys" / name
+    wait_for(f"{name}'s keys in the tenant sshd ({keys})", lambda: keys.is_file() and keys.stat().st_size > 0,
+             timeout_s=timeout_s, interval_s=0.2)
 
 
 def node_serving_its_relay(name: str, cluster_id: str, uid_range: tuple[int, int]):

@@ -189,8 +189,18 @@ class Node:
 
     def wait_state(self, job_id: int, states: set[str] | str, timeout_s: float = 30.0) -> dict:
         states = {states} if isinstance(states, str) else states
-        return wait_for(f"job {job_id} to reach {sorted(states)}",
-                        lambda: (j := self.job(job_id))["state"] in states and j, timeout_s)
+        seen: list[dict] = []
+
+        def reached():
+            seen[:] = [self.job(job_id)]
+            return seen[0]["state"] in states and seen[0]
+        try:
+            return wait_for(f"job {job_id} to reach {sorted(states)}", reached, timeout_s)
+        except AssertionError as e:  # say where it stood and what the member said
+            last = seen[0] if seen else {}
+            raise AssertionError(f"{e}; it was {last.get('state')!r} ({last.get('reason')!r}), node "
+                                 f"{last.get('node')!r}, history {str(last.get('history'))[-1500:]}; this "
+                                 f"member's log: {self.server_log()[-3000:]}") from None
 
     def cancel_everything(self) -> None:
         with contextlib.suppress(ClientError, OSError), self.client() as c:

@@ -1,14 +1,21 @@
 """Backups (state/backup.py): the file round-trips; a changed byte, a newer format or state
 version is refused naming why; a job that ran at the backup is requeued, or lost when it
-said requeue=no, and nothing is left running."""
+said requeue=no, and nothing is left running; a new cluster takes a backup as its seed
+(state.seed.v1) only while its state holds no jobs and no tenants, and its founder proposes
+it once its own node is registered."""
+
+import logging
+import threading
 
 import pytest
 
 from mtgpu.model.job import JobState
+from mtgpu.server.cluster.seed import APPLIED, SEED, ClusterSeed
 from mtgpu.state import commands as C
 from mtgpu.state.backup import BackupError, backup_document, decode, encode, restored_machine
+from mtgpu.state.machine import StateMachine
 
-from test_state_machine import alloc, setup_machine, submit
+from test_state_machine import alloc, make_spec, setup_machine, submit
 
 
 def _doc():
@@ -46,3 +53,74 @@ def test_a_changed_byte_a_newer_format_and_a_newer_state_are_refused():
         decode(encode({**doc, "state": {**doc["state"], "version": 7}}), "f")
     with pytest.raises(BackupError, match="not an mtgpu backup"):
         decode(b'{"format":"x"}', "f")
+
+
+def _register(sm, name: str) -> None:
+    assert sm.apply(C.command(C.NODE_REGISTER, name=name, cpus=8, mem_total_bytes=1 << 30, at=1.0, gpus=[]))["ok"]
+
+
+def test_a_new_cluster_takes_a_seed_once_and_its_job_ids_go_on_after_the_seeds():
+    doc, again, kept, queued = _doc()
+    seed = restored_machine(decode(encode(doc), "f"), 9.0, "f")[0].to_dict()
+    new = StateMachine()
+    _register(new, "m0")
+    before = new.applied
+    r = new.apply(C.command(C.STATE_SEED, state=seed, at=10.0, source="the backup"))
+    assert r == {"ok": True, "jobs": 3, "tenants": 1}, r
+    assert new.applied == before + 1  # its own count of commands, not the seed's
+    assert set(new.jobs) == {again, kept, queued} and new.tenants["alice"].uid == 2001
+    assert {j.id for j in new.queued_jobs()} == {queued, again} and not new.running_jobs()
+    assert not new.nodes["m0"].down  # the member registered now stays as it is
+    assert new.nodes["n1"].down and "restored from the backup" in new.nodes["n1"].down_reason
+    jid = new.apply(C.command(C.JOB_SUBMIT, tenant="alice", uid=2001, gid=2001, spec=make_spec(), at=11.0))["job_id"]
+    assert jid == max(again, kept, queued) + 1
+    # never over a state that holds jobs or tenants: the cluster's state is as it was
+    r = new.apply(C.command(C.STATE_SEED, state=seed, at=12.0))
+    assert not r["ok"] and "holds 4 jobs and 1 tenants already" in r["error"], r
+    assert len(new.jobs) == 4
+    only_tenant = StateMachine()
+    assert only_tenant.apply(C.command(C.TENANT_ENSURE, name="bob", uid=2002, gid=2002, at=1.0))["ok"]
+    r = only_tenant.apply(C.command(C.STATE_SEED, state=seed, at=12.0))
+    assert not r["ok"] and "0 jobs and 1 tenants" in r["error"] and not only_tenant.jobs
+
+
+def test_a_seed_with_running_jobs_is_refused():
+    doc = _doc()[0]
+    r = StateMachine().apply(C.command(C.STATE_SEED, state=doc["state"], at=10.0))
+    assert not r["ok"] and "running jobs" in r["error"], r
+
+
+class _Store:
+    """The store API ClusterSeed uses, over a StateMachine in this process."""
+
+    def __init__(self) -> None:
+        self.machine, self.lock = StateMachine(), threading.RLock()
+
+    def applied_index(self) -> int:
+        return self.machine.applied
+
+    def commit_index(self) -> int:
+        return self.machine.applied
+
+    def apply(self, command: dict) -> dict:
+        return self.machine.apply(command)
+
+
+def test_the_founder_proposes_its_seed_once_its_node_is_registered_and_never_over_a_state(tmp_path, caplog):
+    doc, again, kept, queued = _doc()
+    seed_doc = {**doc, "state": restored_machine(doc, 9.0, "f")[0].to_dict()}
+    (tmp_path / SEED).write_bytes(encode(seed_doc))
+    store = _Store()
+    seed = ClusterSeed(tmp_path, "n1")  # the backup's node has the founder's name
+    seed.step(store)
+    assert seed.pending and not store.machine.jobs  # its own node first
+    _register(store.machine, "n1")
+    with caplog.at_level(logging.INFO):
+        seed.step(store)
+    assert set(store.machine.jobs) == {again, kept, queued} and not store.machine.nodes["n1"].down
+    assert not (tmp_path / SEED).exists() and (tmp_path / APPLIED).exists()
+    assert sum("took the seed" in r.getMessage() for r in caplog.records) == 1
+    (tmp_path / SEED).write_bytes(encode(seed_doc))  # a live state is never seeded over
+    again_seed = ClusterSeed(tmp_path, "n1")
+    again_seed.step(store)
+    assert not again_seed.pending and (tmp_path / SEED).exists() and len(store.machine.jobs) == 3

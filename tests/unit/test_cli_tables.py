@@ -366,3 +366,15 @@ def test_no_help_text_of_ours_reads_as_rich_markup_or_emoji():
 def test_typers_own_errors_print_our_values_as_given():
     result = CliRunner().invoke(job.app, [":m:[bold]x[/]"], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "No such command ':m:[bold]x[/]'" in result.output, result.output
+
+
+def test_nodes_of_mixed_versions_get_one_note_that_fits_80_columns():
+    from mtgpu.cli.nodes_table import node_notes
+    same = [{"name": f"m{i}", "state": "up", "mtgpu_version": "0.9.0", "state_format": 1} for i in range(3)]
+    assert node_notes(same, 80) == []
+    mixed = same[:2] + [{"name": "m2", "state": "up", "mtgpu_version": "0.10.0", "state_format": 2}]
+    lines = node_notes(mixed, 80)
+    text = " ".join(lines)
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "0.9.0 (state format 1) on m0, m1" in text and "0.10.0 (state format 2) on m2" in text, text
+    assert "newer than state format 1 wait" in text, text

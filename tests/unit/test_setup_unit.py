@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -535,3 +536,23 @@ def test_the_role_comes_from_the_health_answer():
     assert role_of({"cluster_mode": "standalone", "raft": None}) == "standalone"
     assert role_of({"cluster_mode": "cluster", "raft": {"is_leader": True}}) == "leader"
     assert role_of({"cluster_mode": "cluster", "raft": {"is_leader": False, "voter": False}}) == "follower"
+
+
+def test_the_start_wait_takes_a_process_for_ended_only_when_it_is_gone_or_a_zombie():
+    """Not by its command line: that is empty for a moment while env, setsid and the
+    interpreter exec one another, and a busy machine's start once said "did not start"."""
+    from mtgpu.setup.answer import _alive
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert _alive(child.pid)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not _alive(child.pid)  # a zombie (not reaped yet) has ended
+    finally:
+        child.kill()
+        child.wait()
+    assert not _alive(child.pid)  # reaped: no such process

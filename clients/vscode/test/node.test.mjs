@@ -228,6 +228,14 @@ describe("against a real mtgpu-server", { skip: missing ?? false }, () => {
     assert.equal(uriString(sshFolderUri(host, home)), `vscode-remote://ssh-remote+${host}${home}`);
   });
 
+  it("lists the clusters the tenant may use with remotegpu-cli clusters (what Refresh runs first)", async () => {
+    const cli = new RemoteGpuCli({ cliPath: CLI, home: node.home, timeoutMs: 60000 });
+    const rows = await cli.clusters();
+    assert.deepEqual(rows, [{ cluster_id: node.cluster_id, server: node.server, state: "ok" }]);
+    const entries = JSON.parse(readFileSync(node.servers_json, "utf8"));
+    assert.deepEqual(entries.map((e) => e.cluster_id), [node.cluster_id]);
+  });
+
   it("asks a server that does not answer directly through remotegpu-cli tunnel (DirectLink)", async () => {
     // The same join, but its LISTEN address does not answer: only the relay reaches the node.
     const home = mkdtempSync(join(dir, "behind-nat-"));

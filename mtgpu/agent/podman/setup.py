@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...workspaces.feature_archive import StagedArchive
 from ..runners.cgroups import parent_for
 from ..runners.podman import ContainerRunner
 from ..telemetry.base import GpuBackend
@@ -32,6 +34,7 @@ class ContainerSettings:
     network: str = "slirp4netns"
     allow_user_images: bool = False
     read_only: tuple[str, ...] = ()  # DATASETS_DIRECTORIES and PYTHON_INTERPRETERS roots
+    features: Mapping[str, StagedArchive] = field(default_factory=dict)  # [CONTAINERS] features, read at start
 
 
 @dataclass

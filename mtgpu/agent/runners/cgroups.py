@@ -496,6 +496,12 @@ class CgroupManager:
         self._join_sibling(SESSIONS_SUFFIX, pid, problems)
         return "; ".join(problems) or None
 
+    def sessions_misses(self, pid: int) -> list[str]:
+        """The hierarchies whose sessions group does not hold `pid` (the tenant sshd): empty
+        when it is where place_sessions() put it."""
+        return [ctrl for ctrl, base in self.bases.items()
+                if pid not in self._procs_of(str(base.with_name(self.parent + SESSIONS_SUFFIX)))]
+
     def fence_sessions(self, deny_devices: list[tuple[str, int, int]]) -> None:
         """What tenants run outside their jobs (their SSH sessions, the podman they run
         there, mt-podman) holds no GPU: the sessions group is denied these device nodes,

@@ -10,6 +10,7 @@ persists; load_state() re-attaches from it after a server restart.
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import pwd
 import secrets
@@ -185,11 +186,14 @@ class NativeRunner:
             "output_path": launch.output_path, "error_path": launch.error_path,
             "output_append": launch.output_append,
         }
-        fd = os.open(job_dir / "launch.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, json.dumps(spec).encode())
-        finally:
-            os.close(fd)
+        # launch.json for whoever reads the run later (a restarted server); launch.marshal for
+        # the shim, which reads it without importing json (shim.py: its start is the job's)
+        for name, data in (("launch.json", json.dumps(spec).encode()), ("launch.marshal", marshal.dumps(spec))):
+            fd = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
 
         shim_log = os.open(job_dir / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -431,7 +435,11 @@ class NativeRunner:
         child = self._child(run)
         if _alive(child.get("pid"), child.get("starttime")):
             pids |= procs.pgroup_pids(child["pid"]) | {child["pid"]}
-        if run.state.get("run_token"):
+        if run.state.get("run_token") and self.cgroups.get(job_id) is None:
+            # No group holds it (none could be made, or a restart lost them): the marker is
+            # the way to find what it left. Where a group holds it, its processes cannot
+            # leave (only root moves a process between groups), and reading every process's
+            # environment took milliseconds of the member's loop at each job's end.
             pids |= marked_pids(job_id, run.state["run_token"])
         pids.discard(run.state.get("shim_pid"))
         pids.discard(os.getpid())

@@ -29,6 +29,7 @@ from .. import dashboard as web_dashboard
 from .. import metrics as node_metrics
 from ...model.api import STALE_HEADER
 from . import logs
+from .clusters import add_admin_routes, summary as cluster_summary
 from .encoding import in_turn, list_response
 from .identity import Caller, caller_from_peer
 from .logs import LogResponse
@@ -51,6 +52,10 @@ class PodmanEnvRequest(BaseModel):
     enter: str | None = Field(default=None, max_length=200,
                               description="the container the caller will `podman exec` into: it is moved into "
                                           "that job's cgroup first (its GPUs only)")
+    features: list[str] = Field(default_factory=list, max_length=100,
+                                description="Features from a registry or URL (features.feature_key) whose staged "
+                                            "archives the caller's devcontainer build needs; those staged here come "
+                                            "back under `features`")
 
 
 class SaveRequest(BaseModel):
@@ -115,6 +120,8 @@ class RetentionRequest(BaseModel):
 
 class AssignRequest(BaseModel):
     clusters: list[str]
+    servers: dict[str, str] = Field(default_factory=dict,
+                                    description="where the other clusters answer (HOST:PORT), for the tenant's client")
 
 
 class ShareRequest(BaseModel):
@@ -155,7 +162,8 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
     @app.post("/v1/podman/env")
     def podman_env(request: Request, body: PodmanEnvRequest | None = None) -> dict:
         """The environment the caller's podman runs with here (prepared on first call)."""
-        return service.podman_env(caller(request), body.load if body else None, body.enter if body else None)
+        return service.podman_env(caller(request), body.load if body else None, body.enter if body else None,
+                                  body.features if body else None)
 
     @app.post("/v1/jobs/{job_id}/attach")
     def attach(job_id: int, request: Request) -> dict:
@@ -211,7 +219,14 @@ def local_app(service: MemberService, tenants: TenantService) -> FastAPI:
 
     @app.post("/v1/tenants/{name}/assign")
     def tenant_assign(name: str, body: AssignRequest, request: Request) -> dict:
-        return tenants.assign(caller(request), name, body.clusters)
+        return tenants.assign(caller(request), name, body.clusters, body.servers)
+
+    @app.get("/v1/admin/summary")
+    def admin_summary(request: Request) -> dict:
+        """This cluster at a glance, for `mtgpu-admin clusters` (root or the admin group)."""
+        if not caller(request).is_admin:
+            raise ServiceError(403, "the clusters' summary needs root or the admin group")
+        return cluster_summary(service)
 
     @app.post("/v1/tenants/{name}/share")
     def tenant_share(name: str, body: ShareRequest, request: Request) -> dict:
@@ -313,7 +328,7 @@ def public_app(service: MemberService, tenants: TenantService) -> FastAPI:
         who = await identify(request)
         t = service.store.machine.tenants[who.name]
         return {"name": t.name, "uid": t.uid, "gid": t.gid, "clusters": t.clusters, "cluster_id": tenants.cluster_id,
-                "node": service.node_name}
+                "node": service.node_name, "servers": {c: a for c, a in t.servers.items() if c in t.clusters}}
 
     @app.get("/v1/directlink")
     async def directlink(request: Request, id: str = "") -> dict:
@@ -422,6 +437,8 @@ def add_cluster_routes(app: FastAPI, service: MemberService) -> None:
     async def nodes(request: Request) -> list[dict]:
         await verified(request)
         return await run_in_threadpool(service.nodes_view)
+
+    add_admin_routes(app, service, verified)  # another cluster's admin (clusters.py)
 
     @app.get(IMAGE_PATH)
     async def image_archive(digest: str, request: Request) -> FileResponse:

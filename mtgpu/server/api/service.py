@@ -4,6 +4,8 @@ Raft), so `mt-job` works the same on every member of a cluster."""
 
 from __future__ import annotations
 
+import base64
+import functools
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -21,6 +23,7 @@ from ...model.usage import UsageError, parse_day
 from ...model.usage_report import usage_report
 from ...sched import check_satisfiable
 from ...state import commands as C
+from ...state.backup import mtgpu_version
 from ...state.store import ReplicationError, commit
 from ..cluster.errors import ClusterSetupError
 from ...storage.quota import check_submission, detect_quota_backend, quota_warning
@@ -34,6 +37,7 @@ from ..member.runtime import Member
 from ..member.view import build_snapshot
 
 log = logging.getLogger(__name__)
+_version_once = functools.lru_cache(maxsize=1)(mtgpu_version)  # what this process runs, said in health
 
 
 MAX_SCRIPT_BYTES = 1 << 20
@@ -266,13 +270,17 @@ class MemberService:
         return LogSource(job_id, rank, node, self.state_dir / job.rank_log_path(rank), job.state.final,
                          job.state.value)
 
-    def podman_env(self, caller: Caller, load: list[str] | None = None, enter: str | None = None) -> dict:
+    def podman_env(self, caller: Caller, load: list[str] | None = None, enter: str | None = None,
+                   features: list[str] | None = None) -> dict:
         """mt-podman: the caller's rootless podman settings on this node, prepared now
         when needed (agent/podman/tenant.py). `load`: images staged here to put in the
         caller's store first (a devcontainer build's base images). `enter`: the container
         the caller is about to `podman exec` into: when it is one of its running jobs or
         workspaces here, the calling process is moved into that job's cgroup first, so the
-        session is fenced to the job's GPUs (docs/ISOLATION.md); "entered" says which job."""
+        session is fenced to the job's GPUs (docs/ISOLATION.md); "entered" says which job.
+        `features`: Features staged here ([CONTAINERS] features) the caller's build needs: each
+        staged one comes back as its archive (read and checked at start, base64), its path
+        and SHA-256; one not staged here is left out."""
         setup = self.member.agent.containers
         if setup is None:
             raise ServiceError(409, f"containers are off on {self.node_name} ([CONTAINERS] enabled = false); an admin "
@@ -292,7 +300,10 @@ class MemberService:
                 except (ImageError, OSError) as e:
                     raise ServiceError(500, f"image {image} could not be loaded for {caller.name}: {e}") from None
                 loaded.append(image)
-        return {"env": t.env(), "podman": PODMAN, "loaded": loaded, "entered": self._place_podman(caller, enter)}
+        staged = {ref: {"archive": a.path, "sha256": a.sha256, "data": base64.b64encode(a.data).decode("ascii")}
+                  for ref in features or () if (a := setup.settings.features.get(ref)) is not None}
+        return {"env": t.env(), "podman": PODMAN, "loaded": loaded, "entered": self._place_podman(caller, enter),
+                "features": staged}
 
     def _place_podman(self, caller: Caller, enter: str | None) -> int | None:
         """Where the caller's podman runs (its own process, the socket's peer, is moved before
@@ -354,6 +365,7 @@ class MemberService:
             {self.node_name: self.member.local_telemetry}
         voters = set(self.member.link.voter_names())
         gaps = self.member.scheduler.longest_gap_s if self.member.is_scheduler() else {}
+        formats = self._state_formats()
         out = []
         with self.store.lock:
             snapshot = build_snapshot(machine, telemetry)
@@ -380,6 +392,7 @@ class MemberService:
                 "longest_report_gap_s": gaps.get(node.name),
                 "running_jobs": [j.id for j in running if any(a.node == node.name for a in j.allocations)],
                 "containers": rec.containers,
+                **formats.get(node.name, {}),
                 "gpus": [{
                     "index": g.index, "vendor": g.vendor, "model": models[node.name].get(g.index, g.model),
                     "vram_total_bytes": g.vram_total_bytes, "vram_used_bytes": g.vram_used_measured_bytes,
@@ -387,6 +400,16 @@ class MemberService:
                     "committed_vram_bytes": g.committed_vram_bytes, "exclusive": g.exclusive,
                 } for g in node.gpus],
             })
+        return out
+
+    def _state_formats(self) -> dict[str, dict]:
+        """{member: {"mtgpu_version", "state_format"}}: this member's own, and on the
+        scheduler what each member's last report said (server/cluster/formats.py)."""
+        from ...state import commands as C
+        from ...state.backup import mtgpu_version
+        formats = getattr(self.member.link, "formats", None)
+        out = dict(formats.versions()) if formats is not None and self.member.is_scheduler() else {}
+        out[self.node_name] = {"mtgpu_version": mtgpu_version(), "state_format": C.STATE_FORMAT}
         return out
 
     def set_drain(self, caller: Caller, name: str, drain: bool, reason: str = "") -> dict:
@@ -457,7 +480,7 @@ class MemberService:
             "cluster_id": self.config.CLUSTER_ID,
             "ssh_listen": self.config.SSH_LISTEN,
             "pid": os.getpid(),
-            "version": "0.1.0",
+            "version": _version_once(),  # the installed distribution's: `mtgpu-setup upgrade` waits for it
             "scheduler": self.store.machine.scheduler,
             "is_scheduler": self.member.is_scheduler(),
             "placements": self.member.scheduler.placements,

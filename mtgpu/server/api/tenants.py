@@ -97,12 +97,19 @@ class TenantService:
         self.service.wake()
         return {"removed": name}
 
-    def assign(self, caller: Caller, name: str, clusters: list[str]) -> dict:
+    def assign(self, caller: Caller, name: str, clusters: list[str], servers: dict[str, str] | None = None) -> dict:
+        """The clusters a tenant may use; with `servers` (where the admin's other clusters
+        answer: docs/CLUSTERS.md) as tenant.assign.v2, which a cluster still upgrading does
+        not write yet (it says so), else as before."""
         self._admin(caller, "assigning a tenant to clusters")
-        r = self.service.apply(C.TENANT_ASSIGN, name=name, clusters=clusters, at=self.service.clock())
+        if servers:
+            r = self.service.apply(C.TENANT_ASSIGN_V2, name=name, clusters=clusters, servers=servers,
+                                   at=self.service.clock())
+        else:
+            r = self.service.apply(C.TENANT_ASSIGN, name=name, clusters=clusters, at=self.service.clock())
         if not r["ok"]:
             raise ServiceError(404, r["error"])
-        return {"name": name, "clusters": clusters}
+        return {"name": name, "clusters": clusters, "servers": servers or {}}
 
     def set_share(self, caller: Caller, name: str, share: float) -> dict:
         """The tenant's fair-share weight. A local user (an OS account of this node) that

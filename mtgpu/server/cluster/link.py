@@ -22,6 +22,7 @@ body; a request more than 30 s old or wrongly signed is refused).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -41,7 +42,10 @@ from ...model.gpu import GpuInfo, HostInfo
 from ...state import commands as C
 from ...state.raft import RaftState
 from ...state.store import ReplicationError, commit
+from ...state.backup import mtgpu_version
 from .addresses import advertised, api_address, raft_address
+from .formats import StateFormats, stop_on_newer_state
+from .seed import ClusterSeed
 from .signer import Signer
 from .standing import Facts, Standing, decide
 from .errors import ClusterSetupError, LogUnavailable
@@ -51,6 +55,7 @@ from .voter_keeper import VoterKeeper
 from .voter_policy import voter_count
 
 log = logging.getLogger(__name__)
+_version_once = functools.lru_cache(maxsize=1)(mtgpu_version)  # said in every report
 
 REPORT_EVERY_S = 1.0
 MAJORITY_STALE_S = 1.5  # a scheduler that has not heard a majority for this long takes no report
@@ -103,6 +108,7 @@ class ClusterLink:
         self.listen = advertised(config.LISTEN)
         self.raft_self = raft_address(config.LISTEN)
         self.signer = Signer(secret)
+        self.formats = StateFormats(self.node_name)  # the state formats the members apply (formats.py)
         self.member: Member | None = None
         self.store: RaftState | None = None
         self._http = httpx.Client(timeout=httpx.Timeout(3.0, connect=1.0))
@@ -126,6 +132,7 @@ class ClusterLink:
         self._started_at = time.monotonic()
         self._majority_heard_at = 0.0  # monotonic: a majority of the voters last answered this member as leader
         self._said_in_touch: bool | None = None  # the standing the log last told (None: not in touch yet)
+        self.seed = ClusterSeed(Path(config.STATE_DIR), config.NODE_NAME)  # a backup to start from (seed.py)
 
     # ------------------------------------------------------------ requests between members
     def call(self, address: str, method: str, path: str, payload: dict | None = None, timeout_s: float = 3.0):
@@ -334,6 +341,7 @@ class ClusterLink:
             try:
                 self._say_standing()
                 if self.store.is_leader():
+                    self.seed.step(self.store)
                     self.keeper.step()
             except Exception:  # never let one bad step end the thread
                 log.exception("voters: the step failed")
@@ -386,7 +394,9 @@ class ClusterLink:
             "host": tel.host.to_dict() if tel.host else None,
             "raft": {"voter": store.is_voter(), "applied": store.applied_index(), "caught_up": store.caught_up(),
                      "generation": store.generation, "boot": store.boot},
+            "state_format": C.STATE_FORMAT, "mtgpu_version": _version_once(),
         }, timeout_s=2.0)
+        self.formats.told(answer.get("state_format_floor"))
         # The lease and the commit index before the moment that makes this member in
         # touch: a reader that sees it in touch sees them too (lease.py says why sent - age).
         age = answer.get("majority_age_s")
@@ -449,6 +459,7 @@ class ClusterLink:
         whether it is in touch (see report_once). Every member calls it each second."""
         name = payload["node"]
         self.check_cluster_id(name, payload.get("cluster_id"))
+        self.formats.heard(name, payload)
         host = payload.get("host")
         mono = time.monotonic()
         tel = NodeTelemetry([GpuInfo.from_dict(g) for g in payload.get("gpus", ())],
@@ -466,7 +477,9 @@ class ClusterLink:
         self.keeper.on_report(name, payload.get("raft"), commit)
         if news:
             self.member.wake()
-        return {"ok": True, "voters": voters, "term": term, "commit": commit, "majority_age_s": age}
+        floor = self.formats.floor_of(list(store.machine.nodes))
+        return {"ok": True, "voters": voters, "term": term, "commit": commit, "majority_age_s": age,
+                "state_format_floor": floor}
 
     def in_touch(self) -> bool:
         """Whether this member hears the cluster: it leads with a quorum, or the
@@ -665,7 +678,9 @@ def open_cluster_member(config: Config, agent: LocalAgent, directlink=None) -> M
     member_holder: list[Member] = []
     store = RaftState(state_dir / "cluster", link.raft_self if voter else None, voters, secret,
                       on_applied=lambda cmd, res: member_holder and member_holder[0].wake(), replica=replica,
-                      cluster_id=config.CLUSTER_ID, route=dl.reach_raft if dl is not None else None)
+                      cluster_id=config.CLUSTER_ID, route=dl.reach_raft if dl is not None else None,
+                      on_newer=stop_on_newer_state,
+                      format_floor=lambda: link.formats.floor(link.store.is_leader(), list(link.store.machine.nodes)))
     link.store = store
     member = Member(config, agent, store, link=link, down_after_s=config.MEMBER_DOWN_AFTER_S)
     member_holder.append(member)

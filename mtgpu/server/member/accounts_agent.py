@@ -33,13 +33,17 @@ log = logging.getLogger(__name__)
 TENANT_GROUP = "mtgpu-tenants"
 LOGIN_RE = re.compile(r"Accepted publickey for (\S+) from")
 LOGIN_RECORD_EVERY_S = 600.0
+SSHD_PLACE_CHECK_EVERY_S = 10.0  # the running tenant sshd is looked for in its sessions group this often
 
 
 class AccountsAgent:
     def __init__(self, store: Store, config: Config, node_name: str, clock, cluster_id: str,
-                 place_sshd: Callable[[int], object] | None = None) -> None:
+                 place_sshd: Callable[..., object] | None = None) -> None:
         self.store = store
-        self.place_sshd = place_sshd  # moves the tenant sshd as it starts (out of the member's services cgroup)
+        # place_sshd(pid): moves the tenant sshd as it starts (out of the member's services
+        # cgroup); place_sshd(pid, True): checks that it is still there, moves it back if not
+        self.place_sshd = place_sshd
+        self._place_checked = 0.0
         self.config = config
         self.node_name = node_name
         self.clock = clock
@@ -65,6 +69,19 @@ class AccountsAgent:
             self._last_seen_tenants = tuple(managed)
         if self._sshd is not None:
             self._record_logins()
+            self._check_sshd_place()
+
+    def _check_sshd_place(self) -> None:
+        """A CI run once found the tenant sshd in the member's services group (how it got there
+        was not seen): tenants' sessions, born where it is, would get the member's CPU weight.
+        Look every SSHD_PLACE_CHECK_EVERY_S and move it back (place_sshd logs what it found)."""
+        now = time.monotonic()
+        if self.place_sshd is None or now - self._place_checked < SSHD_PLACE_CHECK_EVERY_S:
+            return
+        self._place_checked = now
+        pid = self._sshd.pid()
+        if pid is not None:
+            self.place_sshd(pid, True)
 
     def _reconcile(self, managed: list[tuple]) -> None:
         layout = self.config.HOME_LAYOUT

@@ -29,8 +29,18 @@ from .view import NodeTelemetry, PreemptPolicy
 
 log = logging.getLogger(__name__)
 
+
+def _cgroups_of(pid: int) -> str:
+    """/proc/PID/cgroup on one line (for a log line)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return " ".join(f.read().split())
+    except OSError as e:
+        return f"unreadable: {e}"
+
 TICK_S = 0.2
 TELEMETRY_EVERY_S = 1.0
+IDLE_TICK_S = 1.0  # the loop's pace while nothing is queued or running (_may_rest)
 # Passes take at most about a fortieth of a core: after a pass that used C seconds of CPU
 # the next one starts PASS_REST_PER_CPU x C later at the earliest, never more than
 # PASS_REST_MAX_S. A pass over a few nodes uses a millisecond (the next may start 39 ms
@@ -96,8 +106,18 @@ class Member:
         self.store.close()
         self.agent.close()
 
-    def _place_sshd(self, pid: int) -> None:
-        why = self.agent.runner.cgroups.place_sessions(pid)
+    def _place_sshd(self, pid: int, again: bool = False) -> None:
+        """`again`: the periodic check of a running sshd; it is moved (and that said) only when
+        some hierarchy no longer has it in the sessions group."""
+        cgroups = self.agent.runner.cgroups
+        if again:
+            misses = cgroups.sessions_misses(pid)
+            if not misses:
+                return
+            log.warning("the tenant sshd (PID %d) was found outside its sessions group (%s; in %s): moved back, so "
+                        "that tenants' sessions do not get this member's CPU weight", pid, ", ".join(misses),
+                        _cgroups_of(pid))
+        why = cgroups.place_sessions(pid)
         if why:
             log.warning("the tenant sshd stays in this member's services cgroup (%s): tenants' sessions get its "
                         "CPU weight", why)
@@ -121,9 +141,13 @@ class Member:
 
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
+        last = 0.0
         while not self._stop.is_set():
             woken = self._wake.wait(TICK_S)
             self._wake.clear()
+            if not woken and self._may_rest(time.monotonic() - last):
+                continue
+            last = time.monotonic()
             delay = self._next_schedule_at - time.monotonic()
             if not woken and 0 < delay < TICK_S:
                 self._stop.wait(delay)  # a tick: the full pass when it may run (woken: a quick pass now)
@@ -148,6 +172,15 @@ class Member:
             stop_for_disk(f"writing {Path(where).name}", Path(where).parent, e, log, self.state_dir)
         log.error("a pass failed: writing %s: %s; free space on the disk of STATE_DIR (%s)", where,
                   e.strerror or e, self.state_dir)
+
+    def _may_rest(self, since_s: float) -> bool:
+        """Whether a tick may pass without a pass: nothing is queued or running in the
+        cluster, this member's role is the one it acts in, and the last pass is less than
+        IDLE_TICK_S ago. (Every command applied wakes the loop, so a submission is not kept
+        waiting; an idle member's loop costs little this way: issue 28 target 5.)"""
+        if since_s >= IDLE_TICK_S or self.store.machine.has_active_jobs():
+            return False
+        return self.store.is_leader() == (self.scheduler.epoch is not None)
 
     def run_once(self) -> None:
         now = self.clock()

@@ -133,3 +133,56 @@ def test_the_first_answer_makes_the_path_and_another_address_takes_over_only_onc
         await b.close()
 
     run(body)
+
+
+def behind_a_nat_filter(e) -> None:
+    """`e`'s UDP socket behind a simulated NAT's filter: a datagram comes in only from an
+    address `e` has sent one to (as Linux conntrack lets replies in, and nothing else)."""
+    udp, sent = e.udp, set()
+    send, receive = udp.sendto, udp.on_datagram
+
+    def sendto(data, addr, ttl=None):
+        sent.add(tuple(addr))
+        send(data, addr, ttl)
+
+    def on_datagram(data, addr):
+        if tuple(addr) in sent:
+            receive(data, addr)
+    udp.sendto, udp.on_datagram = sendto, on_datagram
+
+
+def test_an_endpoint_the_relay_did_not_tell_its_public_address_asks_again_and_goes_direct(monkeypatch):
+    """CI: the relay's UDP answer to a member that started beside it was lost; the member
+    offered no address, so no laptop behind a NAT ever reached it directly, in any session
+    (test_directlink_sessions waited 60 s for the direct path, twice). Now it asks again
+    every PUBLIC_RETRY_S, offers the address once told and punches too. Both sides here
+    are behind a NAT's filter: without b's address neither side's probes get in."""
+    async def body(relay, port, seen):
+        a = await endpoint(port, "a")
+        b = await endpoint(port, "b", on_stream=echo)
+        assert await a.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
+        ask, lost = D.UdpSocket.public_address, []
+
+        async def lost_once(self, relay_udp, timeout_s=2.0):
+            if not lost:
+                lost.append(relay_udp)
+                return None  # the relay's answer did not come
+            return await ask(self, relay_udp, timeout_s)
+        monkeypatch.setattr(D.UdpSocket, "public_address", lost_once)
+        assert not await b.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
+        assert b.public is None and b.candidates == []
+        for e in (a, b):
+            behind_a_nat_filter(e)
+        session = await a.dial(b.id)
+        await round_trip(session, 10_000)  # on the relay meanwhile
+        assert session.path == "relay"
+        await until("b's address asked again and the direct path", lambda: session.path == "direct" and
+                    b.answered[a.id][0].path == "direct", D.PUBLIC_RETRY_S + D.PUNCH_FOR_S + 10)
+        assert b.public == f"127.0.0.1:{b.udp.local_port()}" and len(lost) == 1
+        relayed = relay.forwarded_bytes
+        await round_trip(session, 300_000)
+        assert relay.forwarded_bytes - relayed < 50_000
+        await a.close()
+        await b.close()
+
+    run(body)

@@ -49,6 +49,14 @@ export interface Tunnel {
   ended(): boolean;
 }
 
+/** One row of `remotegpu-cli clusters --json`: a cluster the tenant may use, or one that was just dropped. */
+export interface ClusterRow {
+  cluster_id: string;
+  server: string;
+  /** "ok", "added" (an admin gave it), "removed: WHY" (it refuses the tenant now), "not answering: WHY", ... */
+  state: string;
+}
+
 export class CliError extends Error {
   constructor(message: string, readonly exitCode: number | null = null) {
     super(message);
@@ -111,6 +119,27 @@ export class RemoteGpuCli {
     }
     const notes = r.stderr.split("\n").map((l) => l.trim()).filter(Boolean).map((l) => l.replace(/^remotegpu: /, ""));
     return { file: parsed.file, hosts: parsed.hosts.map(String), notes };
+  }
+
+  /**
+   * `remotegpu-cli clusters --json`: asks every joined cluster who the tenant is there, adds
+   * the clusters an admin gave it to servers.json and drops those that refuse it (mtgpu's
+   * docs/CLUSTERS.md), so the views list exactly the clusters the tenant may use.
+   */
+  async clusters(): Promise<ClusterRow[]> {
+    const a = this.argv("clusters", "--json");
+    const r = await run(a.command, a.args, this.o.env, this.o.timeoutMs ?? 60000);
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(r.stdout);
+    } catch {
+      throw new CliError(`remotegpu-cli clusters printed no JSON: ${r.stdout.slice(0, 300)} ${r.stderr.slice(0, 300)}`);
+    }
+    if (!Array.isArray(parsed) || !parsed.every((x) => x && typeof x.cluster_id === "string" &&
+                                                       typeof x.state === "string")) {
+      throw new CliError(`remotegpu-cli clusters answered ${r.stdout.slice(0, 300)}, not [{cluster_id, server, state}]`);
+    }
+    return parsed.map((x) => ({ cluster_id: x.cluster_id, server: String(x.server ?? ""), state: x.state }));
   }
 
   /**

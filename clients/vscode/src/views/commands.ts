@@ -117,7 +117,20 @@ export function registerCommands(context: vscode.ExtensionContext, session: Sess
   const add = (id: string, f: (row?: Row) => Promise<unknown>) =>
     context.subscriptions.push(vscode.commands.registerCommand(id, run(id.replace(/^remoteGpu\./, ""), f)));
 
-  add("remoteGpu.refresh", () => session.refresh());
+  add("remoteGpu.refresh", async () => {
+    // The clusters the tenant may use, as they say now (an admin may have given or taken one):
+    // servers.json is brought up to date first, then the views read it.
+    try {
+      const changed = (await cli().clusters()).filter((r) => r.state === "added" || r.state.startsWith("removed"));
+      if (changed.length) {
+        void vscode.window.showInformationMessage(
+          `Remote GPU: ${changed.map((r) => `${r.cluster_id} ${r.state}`).join("; ")}`);
+      }
+    } catch (e) {
+      void vscode.window.showWarningMessage(`Remote GPU: the clusters could not all be asked: ${(e as Error).message}`);
+    }
+    await session.refresh();
+  });
 
   add("remoteGpu.writeSshConfig", async () => {
     const r = await progress("remotegpu-cli ssh-config", () => cli().sshConfig());
