@@ -9,9 +9,18 @@ next of those timers is due, so the period is only an upper bound (IDLE_TICK_S) 
 pysyncobj's slow chores: reconnecting to a member (every `connectionRetryTime`), its
 journal's metadata, log compaction. Work handed to the thread from outside (RaftState's
 tick jobs) wakes it through pysyncobj's own notifier, as a proposed command does.
+
+pysyncobj also ends its thread, without a word, once the thread that built the replica has
+ended (it means the program's main thread). A replica reopened in a new role is built on
+the thread of the API call that asked for it, a worker that AnyIO ends after 10 s idle:
+the Raft thread of a member just promoted or demoted stopped some seconds later, and a
+cluster whose only voter it was committed nothing more (seen in a rolling upgrade, where a
+2-member cluster had moved its one vote). The program's main thread is the one that counts.
 """
 
 from __future__ import annotations
+
+import threading
 
 from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic
@@ -24,6 +33,9 @@ SLACK_S = 0.001  # wake just after a timer is due, not just before it
 class TimedSyncObj(SyncObj):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # Read by the Raft thread at each tick; its first tick comes 0.1 s after the start,
+        # while the thread building this one is still in here.
+        self._SyncObj__mainThread = threading.main_thread()
         poll = self._poller.poll  # the wait at the end of every tick, after its work
 
         def timed_poll(timeout):

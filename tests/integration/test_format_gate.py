@@ -43,6 +43,15 @@ def tree_before_state_formats() -> tuple[str, Path]:
     return rev, folder
 
 
+def quiet_log(node) -> str:
+    """The member's log without the HTTP requests' lines, the last 6,000 characters."""
+    lines = []
+    for p in node.log_files:
+        if p.exists():
+            lines += [ln for ln in p.read_text(errors="replace").splitlines() if "httpx: HTTP Request" not in ln]
+    return "\n".join(lines)[-6000:]
+
+
 def nodes_json(node) -> list[dict]:
     r = node.admin("nodes", "--json")
     assert r.returncode == 0, r.stderr
@@ -75,7 +84,8 @@ def test_a_change_of_a_newer_format_waits_for_the_last_member_of_an_older_mtgpu(
             why = str(e.value)
             assert "tenant.assign.v2 is of state format 2" in why and "applies state format 1 at most" in why, why
             # what format 1 writes goes on, and the old member applies it
-            assert m0.admin("tenant", "assign", alice.name, "--share", "3").returncode == 0
+            r = m0.admin("tenant", "assign", alice.name, "--share", "3")
+            assert r.returncode == 0, f"{r.stderr}\nm0's log:\n{quiet_log(m0)}\nm1's log:\n{quiet_log(m1)}"
             wait_for("the old member to apply the share", lambda: {t["name"]: t["share"] for t in json.loads(
                 m1.admin("tenant", "list", "--json").stdout)}.get(alice.name) == 3.0, timeout_s=30)
             # m1 is upgraded: the same change goes through, on both
@@ -85,18 +95,25 @@ def test_a_change_of_a_newer_format_waits_for_the_last_member_of_an_older_mtgpu(
             wait_for("m1's report of this mtgpu's format", lambda: all(
                 n.get("state_format") == C.STATE_FORMAT for n in nodes_json(m0)), timeout_s=60)
 
+            last: list[str] = []
+
             def assigned():
                 try:
                     with m0.client() as c:
                         return c.assign_tenant(alice.name, ["lab-far"], servers)
                 except ClientError as e:  # the scheduler has not heard m1's new report yet, or m1 is catching up
                     assert "state format" in str(e) or "in time" in str(e), str(e)
+                    last[:] = [str(e)]
                     return None
             try:
                 wait_for("the change of format 2 to be taken", assigned, timeout_s=60, interval_s=0.5)
             except AssertionError as e:
-                raise AssertionError(f"{e}\nm0's log:\n{m0.server_log()[-3000:]}\nm1's log:\n"
-                                     f"{m1.server_log()[-3000:]}") from None
+                with m0.client() as c:
+                    raft = c.health().get("raft")
+                share = m0.admin("tenant", "assign", alice.name, "--share", "4")
+                raise AssertionError(f"{e}\nthe last answer: {last}\nm0's Raft: {raft}\na change of format 1 now: "
+                                     f"{share.returncode} {share.stderr.strip()}\nm0's log:\n{quiet_log(m0)}\nm1's log:\n"
+                                     f"{quiet_log(m1)}") from None
             for m in (m0, m1):
                 t = {t["name"]: t for t in json.loads(m.admin("tenant", "list", "--json").stdout)}[alice.name]
                 assert t["servers"] == servers, (member_name(m), t)
