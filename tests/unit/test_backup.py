@@ -124,3 +124,27 @@ def test_the_founder_proposes_its_seed_once_its_node_is_registered_and_never_ove
     again_seed = ClusterSeed(tmp_path, "n1")
     again_seed.step(store)
     assert not again_seed.pending and (tmp_path / SEED).exists() and len(store.machine.jobs) == 3
+
+
+def test_keys_invitations_and_usage_come_back_as_they_were():
+    """Issue 29 point 2: besides jobs and uid/gid, a tenant's keys, open invitations and
+    the usage of finished and of forgotten jobs are restored unchanged."""
+    sm = setup_machine()
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBackupRestoreKeyOfBob bob@laptop"
+    assert sm.apply(C.command(C.TENANT_ADMIT, name="bob", uid=2002, gid=2002, keys=[key], clusters=["lab"],
+                              servers={}, at=1.0))["ok"]
+    assert sm.apply(C.command(C.TENANT_INVITE, name="carol", code_hash="h" * 64, expires_at=99.0,
+                              clusters=["lab"], at=1.0))["ok"]
+    done, forgotten = submit(sm), submit(sm)
+    for jid, index in ((done, 0), (forgotten, 1)):
+        assert sm.apply(C.command(C.JOB_START, job_id=jid, allocations=[alloc(index=index)], at=2.0))["ok"]
+        assert sm.apply(C.command(C.JOB_FINISH, job_id=jid, exit_code=0, at=50.0))["ok"]
+    assert sm.apply(C.command(C.JOB_FORGET, job_id=forgotten, at=60.0))["ok"]
+    kept_usage, summary = sm.usage_copy()
+    assert kept_usage and summary  # a finished job's usage in its record, a forgotten one's in the summary
+    doc = backup_document(sm, "n1", None, "standalone", 70.0, "0.1.0")
+    machine, _said = restored_machine(decode(encode(doc), "f"), 80.0, "f")
+    assert machine.tenants["bob"].keys == [key] and (machine.tenants["bob"].uid, machine.tenants["bob"].gid) == (2002, 2002)
+    assert machine.invites.keys() == sm.invites.keys()
+    assert machine.usage_copy() == (kept_usage, summary)
+    assert forgotten not in machine.jobs and machine.jobs[done].usage == sm.jobs[done].usage
