@@ -69,6 +69,39 @@ def test_one_session_too_many_is_refused_with_the_bound():
     run(body)
 
 
+def test_another_peers_dials_up_to_its_bound_and_past_it_end_no_session_of_the_first():
+    """A redial is no way for anyone to end another's session: a second key dials the node
+    again and again, past its own bound; the first peer's open stream carries on."""
+    async def body(relay, port, seen):
+        node = await endpoint(port, "node", on_stream=echo)
+        first = await endpoint(port, "laptop", key=Ed25519PrivateKey.generate())
+        s1 = await first.dial(node.id)
+        open1 = s1.open_stream()
+        assert await echoes(s1, b"mine\n", open1) == b"mine\n"
+        other_key = Ed25519PrivateKey.generate()
+        old, E.MAX_SESSIONS_PER_PEER = E.MAX_SESSIONS_PER_PEER, 2
+        others = [await endpoint(port, "laptop", key=other_key) for _ in range(4)]
+        try:
+            refused = 0
+            for o in others:
+                try:
+                    await o.dial(node.id, timeout_s=10)
+                except SessionError as e:
+                    assert "MAX_SESSIONS_PER_PEER = 2" in str(e), e
+                    refused += 1
+            assert refused == 2  # its own bound, counted apart from the first peer's
+        finally:
+            E.MAX_SESSIONS_PER_PEER = old
+        assert others[0].id != first.id
+        assert await echoes(s1, b"still mine\n", open1) == b"still mine\n"
+        assert not s1.closed.is_set() and len(node.answered[first.id]) == 1
+        for t in [first, *others]:
+            await t.close()
+        await node.close()
+
+    run(body)
+
+
 def test_a_direct_session_outlives_its_relay_and_new_sessions_wait_for_it():
     async def main():
         relay = Relay({"lab": LAB.public_key()})
