@@ -174,7 +174,7 @@ class Terminal:
             log = "\n".join(p.read_text(errors="replace") for p in self.site.node.log_files if p.exists())
             said = [line for line in log.splitlines() if "directlink" in line.lower()]
             raise AssertionError(f"{e}; the proxy said: {''.join(self.err)[-1500:]}; the member's DirectLink "
-                                 f"lines: {chr(10).join(said[-30:])}") from None
+                                 f"lines: {chr(10).join(said[-30:])}\n{self.site.lab.udp_state()}") from None
 
     def close(self) -> None:
         if self.p.poll() is None:

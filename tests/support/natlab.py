@@ -102,6 +102,18 @@ class NatLab:
         self.host_ip[side] = new
         return new
 
+    def udp_state(self) -> str:
+        """What the two routers' NATs hold for UDP now (their conntrack entries), for a
+        failure's message: whether a side's probes made a mapping, and to where."""
+        out = []
+        for router in ("ra", "rb"):
+            r = subprocess.run(["ip", "netns", "exec", self.ns[router], "cat", "/proc/net/nf_conntrack"],
+                               capture_output=True, text=True, timeout=10)
+            udp = [" ".join(line.split()[2:]) for line in r.stdout.splitlines() if " udp " in line]
+            out.append(f"router {router[1]}'s UDP conntrack entries ({len(udp)}{'' if r.returncode == 0 else ', ' + r.stderr.strip()}):\n"
+                       + "\n".join(udp[-12:]))
+        return "\n".join(out)
+
     def __exit__(self, *exc) -> None:
         self.close()
 
