@@ -3,8 +3,13 @@
 One UDP socket per endpoint. Its public address comes from the relay's UDP answer; both
 sides send their candidates (local addresses and the public one) and a random token over
 the session's control stream. Then each sends a low-TTL opener to the other's
-candidates (it opens its own NAT mapping and dies before the peer's router) and probes
-every PROBE_EVERY_S for PUNCH_FOR_S. A probe carries the receiver's token, so only the
+candidates (it opens its own NAT mapping and dies before the peer's router), says so
+over the control stream ("open"), and probes every PROBE_EVERY_S for PUNCH_FOR_S once
+the peer said the same, or a probe of the peer's came in. (A full probe that reached
+the peer's NAT before the peer's own opener would leave an unreplied entry there that
+moves the peer's mapping off the port it offered, for as long as the probes go on: a
+peer that was slow to handle the offer, on a busy machine, never went direct. A peer
+of a version without "open" is probed at once, as before.) A probe carries the receiver's token, so only the
 session's peer can make a path; the first answer to a probe makes the path up at the
 address it came from (another takes over only once that one went silent). While up, keep-alive probes every KEEPALIVE_S hold the NAT mappings, and
 DOWN_AFTER_S with nothing heard puts the session back on the relay; it tries again
@@ -48,6 +53,8 @@ class DirectState:
     up_since: float | None = None
     punching: asyncio.Task | None = None
     retry_at: float = 0.0
+    peer_waits: bool = False  # the peer says "open" and probes only after ours: we wait for its
+    peer_open: bool = False   # the peer's openers to our candidates are out
 
 
 class UdpSocket(asyncio.DatagramProtocol):
@@ -144,14 +151,24 @@ def parse_candidates(values) -> list[tuple[str, int]]:
     return out[:16]
 
 
-async def punch(udp: UdpSocket, state: DirectState, deadline_s: float = PUNCH_FOR_S) -> None:
-    """Openers then probes to the peer's candidates until the path is up or time is out."""
+async def punch(udp: UdpSocket, state: DirectState, deadline_s: float = PUNCH_FOR_S,
+                opened=None) -> None:
+    """Openers to the peer's candidates, `opened()` (tell the peer), then, once the peer's
+    openers are out too, probes until the path is up or time is out."""
     if state.peer_token is None or not state.peer_candidates:
         return
     for addr in state.peer_candidates:
         udp.sendto(PROBE + state.peer_token, addr, ttl=OPENER_TTL)
+    if opened is not None:
+        opened()
     await asyncio.sleep(PROBE_EVERY_S)
     end = time.monotonic() + deadline_s
+    if state.peer_waits:
+        while not state.peer_open and state.addr is None and time.monotonic() < end and udp.transport is not None:
+            await asyncio.sleep(PROBE_EVERY_S)
+        if not state.peer_open:
+            return  # no word from the peer this round: tried again later, openers first
+        end = time.monotonic() + deadline_s
     while state.addr is None and time.monotonic() < end and udp.transport is not None:
         for addr in state.peer_candidates:
             udp.sendto(PROBE + state.peer_token, addr)

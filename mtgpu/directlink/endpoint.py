@@ -189,9 +189,11 @@ class Endpoint:
             self._offer(s)
         asyncio.ensure_future(offer())
 
-    def _offer(self, s: Session, moved: bool = False) -> None:
+    def _offer(self, s: Session, moved: bool = False, opened: bool = False) -> None:
+        """Our token and candidates; `opened`: our openers to the peer's candidates are out
+        (the key itself tells the peer we speak "open": direct.py)."""
         if self.udp is not None and self.candidates and s.ready.is_set():
-            offer = {"token": s.direct.my_token.hex(), "candidates": self.candidates}
+            offer = {"token": s.direct.my_token.hex(), "candidates": self.candidates, "open": opened}
             s.send_control({"direct": dict(offer, moved=True) if moved else offer})
 
     def _answer(self, src: str, datagram: bytes) -> Session | None:
@@ -251,6 +253,8 @@ class Endpoint:
         candidates = D.parse_candidates(offer.get("candidates"))
         moved = st.peer_candidates and candidates != st.peer_candidates
         st.peer_token, st.peer_candidates = token, candidates
+        st.peer_waits = "open" in offer
+        st.peer_open = (st.peer_open and not moved) or offer.get("open") is True
         log.debug("directlink: %s... offers a direct path at %s", s.peer_id[:16], st.peer_candidates)
         if moved:  # the peer moved: a ping now, whose answer shows what of ours was lost on the way
             s.conn.send_ping(int(time.monotonic() * 1000) & 0xFFFFFFFF)
@@ -262,7 +266,7 @@ class Endpoint:
     def _punch(self, s: Session) -> None:
         st = s.direct
         if st.addr is None and (st.punching is None or st.punching.done()):
-            st.punching = asyncio.ensure_future(D.punch(self.udp, st))
+            st.punching = asyncio.ensure_future(D.punch(self.udp, st, opened=lambda: self._offer(s, opened=True)))
 
     def _down(self, s: Session, why: str) -> None:
         log.info("directlink: the direct path to %s... %s: back on the relay", s.peer_id[:16], why)
@@ -280,6 +284,7 @@ class Endpoint:
                 if st is None or body != st.my_token:
                     continue
                 if kind == D.PROBE and st.peer_token is not None:
+                    st.peer_open = True  # its probe came through: its mapping to us is open
                     self.udp.sendto(D.ACK + st.peer_token, addr)
                     if st.addr != addr and (st.addr is None or now - st.heard > SUSPECT_AFTER_S):
                         self.udp.sendto(D.PROBE + st.peer_token, addr)  # the peer moved here: its answer moves us
@@ -402,6 +407,7 @@ class Endpoint:
             if st is None or st.peer_token is None:
                 continue
             st.addr, st.up_since, s.path = None, None, "relay"
+            st.peer_open = False  # the peer's openers went to our old address
             st.retry_at = now + 3.0  # then this side punches too, when the peer's probes did not come
             for addr in st.peer_candidates:
                 self.udp.sendto(D.PROBE + st.peer_token, addr, ttl=D.OPENER_TTL)
@@ -417,8 +423,9 @@ class Endpoint:
             if await self._learn_public() or force:
                 log.info("directlink: this endpoint's public UDP address is now %s", self.public)
                 for s in self.sessions():
-                    self._offer(s, moved=force)
                     st = getattr(s, "direct", None)
+                    # forced: _open_after_move sent the openers to every peer that offered
+                    self._offer(s, moved=force, opened=force and st is not None and st.peer_token is not None)
                     if not force and st is not None and st.addr is None and st.peer_token is not None:
                         self._punch(s)  # our openers now, while the peer punches on our offer
         finally:

@@ -189,3 +189,62 @@ def test_an_endpoint_the_relay_did_not_tell_its_public_address_asks_again_and_go
         await b.close()
 
     run(body)
+
+
+def behind_a_linux_nat(e, late: list) -> None:
+    """`e`'s UDP socket behind a model of a Linux MASQUERADE router, with its hazard: a
+    datagram from an address `e` has not sent to yet leaves an unreplied conntrack entry,
+    and `e`'s own datagrams to that address then leave from another port, which the
+    sender's NAT drops: the pair never hears each other again (the entry lives while
+    the other side keeps probing). A low-TTL opener opens `e`'s mapping and dies before
+    the other side's router. `late` collects the addresses that came in first."""
+    udp, sent, poisoned = e.udp, set(), set()
+    send, receive = udp.sendto, udp.on_datagram
+
+    def sendto(data, addr, ttl=None):
+        addr = tuple(addr)
+        if addr in poisoned:
+            return  # out from another port: the other side's NAT drops it
+        sent.add(addr)
+        if ttl is None:
+            send(data, addr, ttl)
+
+    def on_datagram(data, addr):
+        addr = tuple(addr)
+        if addr not in sent and addr not in poisoned:
+            poisoned.add(addr)
+            late.append(addr)
+        if addr not in poisoned:
+            receive(data, addr)
+    udp.sendto, udp.on_datagram = sendto, on_datagram
+
+
+def test_no_full_probe_reaches_a_slow_peer_before_its_openers_so_a_busy_side_still_goes_direct():
+    """Loaded CI: a member that took a while to handle the laptop's offer got the laptop's
+    full probes before it had sent its own openers; its NAT kept an unreplied entry for
+    them, moved the member's mapping off its port, and the session stayed on the relay
+    (test_directlink_sessions waited 60 s, twice). Now each side says when its openers
+    are out, and the other probes only after that: b here handles offers a second late."""
+    async def body(relay, port, seen):
+        a = await endpoint(port, "a")
+        b = await endpoint(port, "b", on_stream=echo)
+        late = []
+        for e in (a, b):
+            assert await e.enable_direct(("127.0.0.1", port), bind="127.0.0.1", local_candidates=False)
+            behind_a_linux_nat(e, late)
+        handle = b._control
+
+        def slowly(s, message):
+            asyncio.get_running_loop().call_later(1.0, handle, s, message)
+        b._control = slowly
+        session = await a.dial(b.id)
+        await until("the direct path", lambda: session.path == "direct" and b.answered[a.id][0].path == "direct",
+                    D.PUNCH_FOR_S + 5)
+        assert late == []
+        relayed = relay.forwarded_bytes
+        await round_trip(session, 300_000)
+        assert relay.forwarded_bytes - relayed < 50_000
+        await a.close()
+        await b.close()
+
+    run(body)
