@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import httpx
 
 from ..client.local import LocalClient
 from ..server.api.clusters import ADMIN_SUMMARY_PATH, ADMIN_TENANT_PATH
-from ..server.cluster.signer import Signer
+from ..server.cluster.signer import Signer, request_signed
 from .common import Col, fail, out, print_json, print_table, request
 
 DEFAULT_BOOK = Path("/etc/mtgpu/clusters.json")
@@ -81,26 +80,17 @@ def call(cluster_id: str, entry: dict, method: str, path: str, payload: dict | N
     server = entry["server"]
     try:
         with httpx.Client(timeout=httpx.Timeout(TIMEOUT_S, connect=2.0)) as http:
-            for again in (False, True):
-                headers = signer.headers(method, path, body, f"admin@{os.uname().nodename}", peer=server)
-                sent_at = time.time()
-                r = http.request(method, f"http://{server}{path}", content=body,
-                                 headers={**headers, "content-type": "application/json"})
-                learned = signer.learn(server, headers, r.headers, sent_at, time.time())
-                if r.status_code < 400:
-                    return r.json()
-                try:
-                    message = str(r.json().get("error") or r.text)
-                except ValueError:
-                    message = r.text
-                if again or learned is None or not signer.refused_as_stale(r.status_code, message):
-                    if r.status_code == 401:
-                        message += f" (is {entry['secret_file']} {cluster_id}'s cluster secret?)"
-                    raise RemoteRefused(f"cluster {cluster_id} ({server}) answered {r.status_code}: {message[:400]}")
+            r, refused = request_signed(signer, lambda headers: http.request(method, f"http://{server}{path}",
+                                                                             content=body, headers=headers),
+                                        method, path, body, f"admin@{os.uname().nodename}", server)
+            if refused is None:
+                return r.json()
+            if r.status_code == 401:
+                refused += f" (is {entry['secret_file']} {cluster_id}'s cluster secret?)"
+            raise RemoteRefused(f"cluster {cluster_id} ({server}) answered {r.status_code}: {refused[:400]}")
     except httpx.HTTPError as e:
         raise RemoteRefused(f"cluster {cluster_id} does not answer at {server} ({type(e).__name__}: {e}); check "
                             "that it runs and this machine reaches its LISTEN address") from None
-    raise AssertionError("unreachable")
 
 
 def own_summary() -> dict:

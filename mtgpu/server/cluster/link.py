@@ -46,7 +46,7 @@ from ...state.backup import mtgpu_version
 from .addresses import advertised, api_address, raft_address
 from .formats import StateFormats, stop_on_newer_state
 from .seed import ClusterSeed
-from .signer import Signer
+from .signer import Signer, request_signed
 from .standing import Facts, Standing, decide
 from .errors import ClusterSetupError, LogUnavailable
 from ..member.runtime import Member
@@ -137,23 +137,18 @@ class ClusterLink:
     # ------------------------------------------------------------ requests between members
     def call(self, address: str, method: str, path: str, payload: dict | None = None, timeout_s: float = 3.0):
         body = json.dumps(payload).encode() if payload is not None else b""
-        for again in (False, True):
-            headers = self.signer.headers(method, path, body, self.node_name, peer=address)
-            sent_at = self.signer.clock()
-            r = self._http.request(method, f"http://{self.reach(address)}{path}", content=body,
-                                   headers={**headers, "content-type": "application/json"}, timeout=timeout_s)
-            before = self.signer.offset(address)
-            after = self.signer.learn(address, headers, r.headers, sent_at, self.signer.clock())
-            if r.status_code < 400:
-                return r.json()
-            try:
-                message = str(r.json().get("error") or r.text)
-            except ValueError:
-                message = r.text
-            if again or after is None or not self.signer.refused_as_stale(r.status_code, message):
-                raise PeerRefused(address, path, r.status_code, message[:500])
+
+        def send(headers):
+            return self._http.request(method, f"http://{self.reach(address)}{path}", content=body, headers=headers,
+                                      timeout=timeout_s)
+
+        def resigned(before, after):
             log.warning("%s's clock is %+.1fs from this member's (it was %+.1fs): signing in its time from now on",
                         address, after, before)
+        r, refused = request_signed(self.signer, send, method, path, body, self.node_name, address, resigned)
+        if refused is not None:
+            raise PeerRefused(address, path, r.status_code, refused[:500])
+        return r.json()
 
     def leader_api(self) -> str | None:
         leader = self.store.leader_address() if self.store else None

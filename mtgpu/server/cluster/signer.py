@@ -112,3 +112,28 @@ class Signer:
         mac = self._clock_mac.copy()
         mac.update(f"{ts}\n{request_sig}".encode())
         return mac.hexdigest()
+
+
+def request_signed(signer: Signer, send, method: str, path: str, body: bytes, node: str, peer: str,
+                   resigned=None):
+    """A request signed for `peer`, signed again once in the peer's time when the peer refused
+    it as stale and its answer told its clock. `send(headers)` makes the request and gives
+    the (httpx) response; `resigned(before, after)`: the offsets, told when signing again.
+    Returns the last response and, when that is a refusal, its error text (else None)."""
+    for again in (False, True):
+        headers = signer.headers(method, path, body, node, peer=peer)
+        sent_at = signer.clock()
+        r = send({**headers, "content-type": "application/json"})
+        before = signer.offset(peer)
+        after = signer.learn(peer, headers, r.headers, sent_at, signer.clock())
+        if r.status_code < 400:
+            return r, None
+        try:
+            message = str(r.json().get("error") or r.text)
+        except ValueError:
+            message = r.text
+        if again or after is None or not signer.refused_as_stale(r.status_code, message):
+            return r, message
+        if resigned is not None:
+            resigned(before, after)
+    raise AssertionError("unreachable")
