@@ -66,12 +66,8 @@ def restore(backup: Path, config: Path, force: bool = False, now: float | None =
     lines = []
     held = [p for p in (target / "snapshot.json", target / "journal.jsonl") if p.exists() and p.stat().st_size]
     if held:
-        if not force:
-            raise SetupRefused(f"{target} holds a state already ({', '.join(p.name for p in held)}): give --force "
-                               "to replace it (it is moved aside, not deleted)")
-        aside = state_dir / f"state.before-restore-{time.strftime('%Y%m%d-%H%M%S')}"
-        target.rename(aside)
-        lines.append(f"the state that was there is kept in {aside}")
+        lines.append(_move_aside(target, force, f"{target} holds a state already ({', '.join(p.name for p in held)}): "
+                                 "give --force to replace it (it is moved aside, not deleted)", "the state"))
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
     store = JournaledState(target)
     try:
@@ -81,6 +77,16 @@ def restore(backup: Path, config: Path, force: bool = False, now: float | None =
         store.close()
     lines.insert(0, f"restored {_said(doc, backup)} into {target}: {_counts(doc)}")
     return lines + changed
+
+
+def _move_aside(folder: Path, force: bool, refusal: str, what: str) -> str:
+    """A folder in the way of a restore: refused unless `force`, then renamed beside itself
+    with the time (never deleted); says where it went."""
+    if not force:
+        raise SetupRefused(refusal)
+    aside = folder.with_name(f"{folder.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.rename(aside)
+    return f"{what} that was there is kept in {aside}"
 
 
 def _said(doc: dict, backup: Path) -> str:
@@ -97,12 +103,9 @@ def _seed(doc: dict, machine, backup: Path, state_dir: Path, force: bool) -> lis
     lines = []
     replica = state_dir / "cluster"
     if replica.is_dir() and any(replica.iterdir()):
-        if not force:
-            raise SetupRefused(f"{replica} holds this member's replicated state already: a backup seeds only a new "
-                               "cluster; give --force to move that state aside (it is not deleted) and start anew")
-        aside = state_dir / f"cluster.before-restore-{time.strftime('%Y%m%d-%H%M%S')}"
-        replica.rename(aside)
-        lines.append(f"the replicated state that was there is kept in {aside}")
+        lines.append(_move_aside(replica, force, f"{replica} holds this member's replicated state already: a backup "
+                                 "seeds only a new cluster; give --force to move that state aside (it is not deleted) "
+                                 "and start anew", "the replicated state"))
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
     seed = state_dir / "cluster-seed.json"
     tmp = seed.with_name(seed.name + ".tmp")
