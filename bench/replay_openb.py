@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a script from a checkout: import the che
 from mtgpu.model.cluster import ClusterSnapshot, GpuView, NodeView
 from mtgpu.model.gpu import model_matches, normalize_model
 from mtgpu.model.job import GpuAlternative, GpuMode, JobSpec
-from mtgpu.sched import Scheduler, rank_requests
+from mtgpu.sched import Scheduler, frag, rank_requests
 
 MIB = 1024**2
 GPU_VRAM_BYTES = 32 * 1024**3  # the trace has no VRAM sizes; shares of a GPU are what count
@@ -206,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dump", type=Path, help="write every decision (seed, task, node:gpu/share) to this file")
     ap.add_argument("--naive-seeds", type=int, default=None,
                     help="replay the naive best-fit (the speed reference) on the first N seeds only (default: all)")
+    ap.add_argument("--no-jit", action="store_true",
+                    help="score with frag.py's numpy forms, not the compiled ones (sched/fragjit.py): the A/B")
     args = ap.parse_args(argv)
+    if args.no_jit:
+        frag._JIT[:] = [None]
     dump = open(args.dump, "w") if args.dump else None
     nodes = read_nodes(args.nodes)
     tasks = read_tasks(args.pods)

@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script from a checkout: import the che
 
 from mtgpu.model.cluster import ClusterSnapshot, GpuView, NodeView, PendingJob
 from mtgpu.model.job import ArraySpec, GpuAlternative, GpuMode, JobSpec
-from mtgpu.sched import schedule
+from mtgpu.sched import frag, schedule
 
 G = 1024**3
 # (vendor, model, VRAM GiB, GPUs per node choices, share of GPU nodes)
@@ -109,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--drained", action="store_true", help="every node drained: only waiting verdicts")
     ap.add_argument("--dump", type=Path, help="write the plan (placements, pending and rejected reasons) to this file")
+    ap.add_argument("--no-jit", action="store_true",
+                    help="score with frag.py's numpy forms, not the compiled ones (sched/fragjit.py): the A/B")
     args = ap.parse_args(argv)
+    if args.no_jit:
+        frag._JIT[:] = [None]
     rng = random.Random(args.seed)
     fleet = make_fleet(args.nodes, rng)
     if args.drained:

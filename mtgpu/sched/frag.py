@@ -47,6 +47,24 @@ def demand_share(req: RankRequest, typical_vram_bytes: int) -> float:
     return req.fraction
 
 
+_JIT: list = []  # [the fragjit module, or None]: loaded at the first use, once
+# Fleets of fewer nodes use the numpy forms: a pass there takes milliseconds either way, and
+# a small cluster's scheduler then never loads numba (about 1 s and 110 MB the first time).
+JIT_MIN_NODES = 64
+
+
+def jit():
+    """fragjit (compiled loops for value and value_one_gpu), or None where numba is not
+    installed (the numpy forms below then)."""
+    if not _JIT:
+        try:
+            from . import fragjit as mod
+        except ImportError:
+            mod = None
+        _JIT.append(mod)
+    return _JIT[0]
+
+
 class FragModel:
     """The workload's kinds of jobs, laid out for vectorized evaluation of V."""
 
@@ -141,6 +159,11 @@ class FragModel:
             self._host_p2 = self.host_p.reshape(-1, len(self.s_p))
         # kinds of a subset of the groups (those some node of a batch can use), by subset
         self._subsets: dict[bytes, tuple[np.ndarray, ...]] = {}
+        # the model as fragjit takes it (contiguous, one dtype each: one compiled form)
+        self._jit = jit() if fleet.n >= JIT_MIN_NODES else None
+        c = np.ascontiguousarray
+        self._jit_args = (c(self.allowed), c(self.g_d), c(self.g_n), c(self.g_need, np.float64),
+                          c(self.s_start, np.int64), c(self.s_cpu), c(self.s_mem), c(self.s_p), c(self.s_ap), float(CPU_SOFTNESS), float(EPS))
 
     def _weights(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray,
                  active: np.ndarray | None = None) -> np.ndarray:
@@ -215,6 +238,11 @@ class FragModel:
         """V for B node states: left (B, G) shares, gmodel (B, G), cpu (B,), mem (B,)."""
         if self.empty:
             return np.zeros(left.shape[0])
+        k = self._jit
+        if k is not None:
+            return k.value(np.ascontiguousarray(left, np.float64), np.ascontiguousarray(gmodel, np.int32),
+                           np.ascontiguousarray(cpu, np.float64), np.ascontiguousarray(mem, np.float64),
+                           *self._jit_args)
         usable = self.allowed[gmodel] & (left[:, :, None] + EPS >= self.g_d)  # (B, G, groups)
         u = np.einsum("bg,bgk->bk", left, usable)
         gu = np.where(usable.sum(axis=1) >= self.g_n, u, 0.0)
@@ -231,8 +259,14 @@ class FragModel:
         caller takes the first best (skipping only next neighbours keeps that choice)."""
         if self.empty:
             return np.where(cand, 0.0, -np.inf)
-        out = np.full(left.shape, -np.inf)
         scalar = not isinstance(share, np.ndarray)
+        k = self._jit
+        if k is not None:
+            shares = np.full(left.shape, float(share)) if scalar else np.ascontiguousarray(share, np.float64)
+            return k.value_one_gpu(np.ascontiguousarray(left, np.float64), np.ascontiguousarray(gmodel, np.int32),
+                                   shares, np.ascontiguousarray(cand, np.bool_), np.ascontiguousarray(cpu, np.float64),
+                                   np.ascontiguousarray(mem, np.float64), *self._jit_args)
+        out = np.full(left.shape, -np.inf)
         if left.shape[1] > 1:
             alike = (left[:, 1:] == left[:, :-1]) & (gmodel[:, 1:] == gmodel[:, :-1]) & cand[:, :-1]
             if not scalar:

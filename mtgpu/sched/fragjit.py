@@ -1,0 +1,149 @@
+"""FragModel's two hot functions (frag.py: `value`, `value_one_gpu`) as compiled loops.
+
+The numpy forms in frag.py run 60-70 operations on small arrays per call, and a placement
+rescoring a few dozen nodes spends its time in numpy's per-operation overhead, not in the
+arithmetic (bench/README.md, issue 28). These are the same formulas, one pass over each
+node's GPUs and the model's groups, compiled by numba (`cache=True`: compiled once per
+installation, then loaded). They agree with the numpy forms to rounding (the order of a
+few additions differs; tests/unit/sched/test_fragjit.py), and the engine's scores are
+whole SCORE_STEPs, so a decision does not turn on that. Without numba, and on fleets of
+fewer than frag.JIT_MIN_NODES nodes, frag.py uses its numpy forms.
+
+Pure: no I/O, no clock (numba's own cache files aside).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w):
+    """w[k] for each group k with need[k]: the popularity of its kinds that a node with
+    `cpu_e` CPUs (plus EPS), `mem` memory and `free` GPU share can host
+    (frag.FragModel._weights, one row; the kinds are sorted by group, from s_start[k])."""
+    cs = cpu_e ** softness if softness > 0 else 1.0
+    t_n = s_p.shape[0]
+    k_n = g_need.shape[0]
+    for k in range(k_n):
+        if not need[k]:
+            continue
+        y = 0.0
+        if softness > 0:
+            jobs = np.floor(free / g_need[k] + 1e-9)
+            if jobs < 1.0:
+                jobs = 1.0
+            y = jobs ** (-softness) * cs
+        end = s_start[k + 1] if k + 1 < k_n else t_n
+        acc = 0.0
+        for t in range(s_start[k], end):
+            hp = s_p[t] if (cpu_e >= s_cpu[t] and mem >= s_mem[t]) else 0.0
+            if softness > 0:
+                h = y * s_ap[t]
+                if hp < h:
+                    h = hp
+            else:
+                h = hp
+            acc += h
+        w[k] = acc
+
+
+@njit(cache=True, nogil=True)
+def value(left, gmodel, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps):
+    """V for B node states (frag.FragModel.value)."""
+    b_n, g_count = left.shape
+    k_n = g_d.shape[0]
+    out = np.zeros(b_n)
+    u = np.empty(k_n)
+    c = np.empty(k_n, np.int64)
+    w = np.empty(k_n)
+    need = np.empty(k_n, np.bool_)
+    for b in range(b_n):
+        u[:] = 0.0
+        c[:] = 0
+        free = 0.0
+        for g in range(g_count):
+            lg = left[b, g]
+            free += lg
+            m = gmodel[b, g]
+            for k in range(k_n):
+                if allowed[m, k] and lg + eps >= g_d[k]:
+                    u[k] += lg
+                    c[k] += 1
+        for k in range(k_n):
+            need[k] = c[k] >= g_n[k] and u[k] != 0.0
+        _row_weights(cpu[b] + eps, mem[b], free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w)
+        v = 0.0
+        for k in range(k_n):
+            if need[k]:
+                v += u[k] * w[k]
+        out[b] = v
+    return out
+
+
+@njit(cache=True, nogil=True)
+def value_one_gpu(left, gmodel, share, cand, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p,
+                  s_ap, softness, eps):
+    """V after taking share[b, j] from GPU j of node b, for every candidate j; -inf
+    elsewhere, and for a candidate alike the one before it (frag.FragModel.value_one_gpu)."""
+    b_n, g_count = left.shape
+    k_n = g_d.shape[0]
+    out = np.full((b_n, g_count), -np.inf)
+    u = np.empty(k_n)
+    c = np.empty(k_n, np.int64)
+    w = np.empty(k_n)
+    need = np.empty(k_n, np.bool_)
+    un = np.empty((g_count, k_n))  # per candidate GPU: the usable share of each group after
+    scored = np.empty(g_count, np.bool_)
+    for b in range(b_n):
+        u[:] = 0.0
+        c[:] = 0
+        free = 0.0
+        most = -np.inf
+        for g in range(g_count):
+            lg = left[b, g]
+            free += lg
+            if share[b, g] > most:
+                most = share[b, g]
+            m = gmodel[b, g]
+            for k in range(k_n):
+                if allowed[m, k] and lg + eps >= g_d[k]:
+                    u[k] += lg
+                    c[k] += 1
+        need[:] = False
+        for j in range(g_count):
+            scored[j] = False
+            if not cand[b, j]:
+                continue
+            if (j > 0 and cand[b, j - 1] and left[b, j] == left[b, j - 1] and gmodel[b, j] == gmodel[b, j - 1]
+                    and share[b, j] == share[b, j - 1]):
+                continue  # alike the GPU before it: the same value (frag.py says why that is safe)
+            scored[j] = True
+            lj = left[b, j]
+            aj = lj - share[b, j]
+            m = gmodel[b, j]
+            for k in range(k_n):
+                x = u[k]
+                n = c[k]
+                if allowed[m, k]:
+                    if lj + eps >= g_d[k]:
+                        x -= lj
+                        n -= 1
+                    if aj + eps >= g_d[k]:
+                        x += aj
+                        n += 1
+                if n < g_n[k]:
+                    x = 0.0
+                un[j, k] = x
+                if x != 0.0:
+                    need[k] = True
+        _row_weights(cpu[b] + eps, mem[b], free - most, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w)
+        for j in range(g_count):
+            if scored[j]:
+                v = 0.0
+                for k in range(k_n):
+                    if need[k]:
+                        v += un[j, k] * w[k]
+                out[b, j] = v
+    return out

@@ -1,0 +1,127 @@
+"""The compiled forms of FragModel's value and value_one_gpu (sched/fragjit.py) against
+the numpy forms (frag.py), on seeded random fleets, workloads and node states: the same
+values to rounding, the same -inf cells, and the same decisions of a whole engine pass."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from mtgpu.model.cluster import ClusterSnapshot, PendingJob
+from mtgpu.model.job import GpuAlternative, GpuMode, JobSpec
+from mtgpu.sched import frag, schedule
+from mtgpu.sched.fleet import Fleet
+from mtgpu.sched.frag import FragModel
+from mtgpu.sched.request import RankRequest
+from tests.unit.sched.builders import G, make_gpu, make_node
+
+MODELS = [("rtx4090", "24G"), ("a100", "80G"), ("t4", "16G"), ("mi250", "64G")]
+
+
+@pytest.fixture
+def numpy_forms(monkeypatch):
+    """Run `fn()` with the numpy forms; the compiled ones otherwise, at any fleet size."""
+    monkeypatch.setattr(frag, "JIT_MIN_NODES", 0)
+
+    def run(fn, model=None):
+        with monkeypatch.context() as m:
+            m.setattr(frag, "_JIT", [None])
+            if model is not None:
+                m.setattr(model, "_jit", None)
+            return fn()
+    return run
+
+
+def fleet_of(rng: random.Random) -> Fleet:
+    nodes = []
+    for i in range(rng.randint(3, 40)):
+        model, vram = rng.choice(MODELS)
+        n = rng.choice([0, 1, 2, 4, 8])
+        gpus = [make_gpu(j, model if rng.random() < 0.9 else rng.choice(MODELS)[0], vram) for j in range(n)]
+        nodes.append(make_node(f"n{i}", gpus, cpus=rng.choice([8, 32, 96]), mem=rng.choice(["64G", "512G"])))
+    return Fleet(ClusterSnapshot(nodes=nodes))
+
+
+def shapes_of(rng: random.Random) -> list:
+    out = []
+    for _ in range(rng.randint(1, 25)):
+        n = rng.choice([1, 1, 1, 2, 4, 8])
+        frac = rng.choice([1.0, 1.0, 0.5, 0.25, 0.3]) if n == 1 else 1.0
+        mode = GpuMode.SHARED if frac < 1.0 else GpuMode.EXCLUSIVE
+        model = rng.choice([None, None, "rtx4090", "a100", "t4"])
+        req = RankRequest(n, frac, mode, None, model, None, rng.choice([0.0, 1.0, 4.0, 12.0, 40.0]),
+                          rng.choice([0, 4 * G, 100 * G]), "x")
+        out.append((req, rng.choice([0.5, 1.0, 3.0, 10.0])))
+    return out
+
+
+def states_of(rng: random.Random, f: Fleet) -> tuple[np.ndarray, ...]:
+    b = rng.randint(1, 30)
+    rows = np.array([rng.randrange(f.n) for _ in range(b)])
+    left = f.left[rows].copy()
+    for x in np.ndindex(left.shape):
+        if f.gmodel[rows][x] != f.no_gpu:
+            left[x] = rng.choice([0.0, 0.25, 0.5, 0.7, 1.0, 0.1 * rng.randint(0, 10)])
+    cpu = np.array([rng.choice([0.0, 0.5, 3.0, 11.0, 64.0]) for _ in rows])
+    mem = np.array([float(rng.choice([0, 3 * G, 50 * G, 400 * G])) for _ in rows])
+    return rows, left, f.gmodel[rows].copy(), cpu, mem
+
+
+def test_the_compiled_forms_give_the_numpy_forms_values(numpy_forms):
+    assert frag.jit() is not None, "numba is a dependency (pyproject.toml): the compiled forms must load"
+    rng = random.Random(2812)
+    compared = 0
+    for _case in range(120):
+        f = fleet_of(rng)
+        model = FragModel(f, shapes_of(rng))
+        if model.empty:
+            continue
+        rows, left, gmodel, cpu, mem = states_of(rng, f)
+        got = model.value(left, gmodel, cpu, mem)
+        want = numpy_forms(lambda: model.value(left, gmodel, cpu, mem), model)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        cand = (gmodel != f.no_gpu) & (rng.random() < 0.5 or np.ones(left.shape, bool))
+        cand &= np.array([[rng.random() < 0.8 for _ in range(left.shape[1])] for _ in range(left.shape[0])])
+        for share in (rng.choice([0.25, 0.5, 1.0]), np.minimum(left, rng.choice([0.3, 1.0]))):
+            got = model.value_one_gpu(left, gmodel, share, cpu, mem, cand)
+            want = numpy_forms(lambda: model.value_one_gpu(left, gmodel, share, cpu, mem, cand), model)
+            assert np.array_equal(np.isinf(got), np.isinf(want))
+            finite = np.isfinite(want)
+            np.testing.assert_allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
+            compared += int(finite.sum())
+    assert compared > 500  # the cases did score candidates
+
+
+def test_a_small_fleet_does_not_load_the_compiled_forms():
+    small = Fleet(ClusterSnapshot(nodes=[make_node(f"n{i}", 2) for i in range(3)]))
+    assert FragModel(small, shapes_of(random.Random(1)))._jit is None
+    big = Fleet(ClusterSnapshot(nodes=[make_node(f"n{i}", 2) for i in range(frag.JIT_MIN_NODES)]))
+    assert FragModel(big, shapes_of(random.Random(1)))._jit is frag.jit() is not None
+
+
+def test_an_engine_pass_decides_the_same_with_either_form(numpy_forms):
+    """Scores are whole SCORE_STEPs: rounding in the last bits does not move a placement."""
+    rng = random.Random(7)
+    nodes = []
+    for i in range(30):
+        model, vram = rng.choice(MODELS)
+        nodes.append(make_node(f"n{i}", [make_gpu(j, model, vram) for j in range(rng.choice([1, 2, 4, 8]))],
+                               cpus=64, mem="512G"))
+    jobs = []
+    for j in range(1, 400):
+        frac = rng.choice([1.0, 0.5, 0.25])
+        mode = GpuMode.SHARED if frac < 1.0 else GpuMode.EXCLUSIVE
+        n = 1 if frac < 1.0 else rng.choice([1, 1, 2, 4])
+        spec = JobSpec(gpus=(GpuAlternative(frac if frac < 1.0 else float(n), None, None),),
+                       cpus=rng.choice([1, 4]), mem_bytes=rng.choice([1, 8]) * G, gpu_mode=mode)
+        jobs.append(PendingJob(job_id=j, tenant=f"t{j % 7}", spec=spec, submitted_at=float(j)))
+
+    def plan():
+        result = schedule(ClusterSnapshot(nodes=nodes), jobs, now=1000.0)
+        return [(p.job_id, [(a.node, [(g.index, g.fraction) for g in a.gpus]) for a in p.allocations])
+                for p in result.placements]
+    compiled = plan()
+    assert len(compiled) > 50
+    assert compiled == numpy_forms(plan)
