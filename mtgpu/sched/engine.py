@@ -139,6 +139,19 @@ class Scheduler:
 
     def _compute_rows(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
         f = self.fleet
+        k = self.frag.jit_form
+        if k is not None and req.vram_bytes is None:
+            # the requests most jobs make, in one compiled loop (sched/fragjit.py: the same steps)
+            kind = (0 if not req.gpu_count else
+                    1 if req.mode == GpuMode.SHARED and req.gpu_count == 1 and req.fraction < 1.0 else
+                    2 if req.mode == GpuMode.EXCLUSIVE else -1)
+            if kind >= 0:
+                k.score_rows(kind, np.ascontiguousarray(rows, np.int64), req.gpu_count, float(req.fraction),
+                             float(req.cpus), int(req.mem_bytes), f.schedulable, f.cpus_free, f.mem_usable,
+                             f.match_slots(req.vendor, req.model), f.idle, f.open, f.shared_free, f.vram_total,
+                             f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after, float(SCORE_STEP),
+                             NEG, *self.frag.jit_args)
+                return
         fits = f.host_ok(req, rows)
         if req.gpu_count:
             ok = f.gpu_ok(req, rows)

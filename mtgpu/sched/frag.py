@@ -160,9 +160,9 @@ class FragModel:
         # kinds of a subset of the groups (those some node of a batch can use), by subset
         self._subsets: dict[bytes, tuple[np.ndarray, ...]] = {}
         # the model as fragjit takes it (contiguous, one dtype each: one compiled form)
-        self._jit = jit() if fleet.n >= JIT_MIN_NODES else None
+        self.jit_form = jit() if fleet.n >= JIT_MIN_NODES else None
         c = np.ascontiguousarray
-        self._jit_args = (c(self.allowed), c(self.g_d), c(self.g_n), c(self.g_need, np.float64),
+        self.jit_args = (c(self.allowed), c(self.g_d), c(self.g_n), c(self.g_need, np.float64),
                           c(self.s_start, np.int64), c(self.s_cpu), c(self.s_mem), c(self.s_p), c(self.s_ap), float(CPU_SOFTNESS), float(EPS))
 
     def _weights(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray,
@@ -238,11 +238,11 @@ class FragModel:
         """V for B node states: left (B, G) shares, gmodel (B, G), cpu (B,), mem (B,)."""
         if self.empty:
             return np.zeros(left.shape[0])
-        k = self._jit
+        k = self.jit_form
         if k is not None:
             return k.value(np.ascontiguousarray(left, np.float64), np.ascontiguousarray(gmodel, np.int32),
                            np.ascontiguousarray(cpu, np.float64), np.ascontiguousarray(mem, np.float64),
-                           *self._jit_args)
+                           *self.jit_args)
         usable = self.allowed[gmodel] & (left[:, :, None] + EPS >= self.g_d)  # (B, G, groups)
         u = np.einsum("bg,bgk->bk", left, usable)
         gu = np.where(usable.sum(axis=1) >= self.g_n, u, 0.0)
@@ -260,12 +260,12 @@ class FragModel:
         if self.empty:
             return np.where(cand, 0.0, -np.inf)
         scalar = not isinstance(share, np.ndarray)
-        k = self._jit
+        k = self.jit_form
         if k is not None:
             shares = np.full(left.shape, float(share)) if scalar else np.ascontiguousarray(share, np.float64)
             return k.value_one_gpu(np.ascontiguousarray(left, np.float64), np.ascontiguousarray(gmodel, np.int32),
                                    shares, np.ascontiguousarray(cand, np.bool_), np.ascontiguousarray(cpu, np.float64),
-                                   np.ascontiguousarray(mem, np.float64), *self._jit_args)
+                                   np.ascontiguousarray(mem, np.float64), *self.jit_args)
         out = np.full(left.shape, -np.inf)
         if left.shape[1] > 1:
             alike = (left[:, 1:] == left[:, :-1]) & (gmodel[:, 1:] == gmodel[:, :-1]) & cand[:, :-1]

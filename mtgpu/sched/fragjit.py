@@ -147,3 +147,88 @@ def value_one_gpu(left, gmodel, share, cand, cpu, mem, allowed, g_d, g_n, g_need
                         v += un[j, k] * w[k]
                 out[b, j] = v
     return out
+
+
+@njit(cache=True, nogil=True)
+def _step(gain, step):
+    if step <= 0:
+        return gain
+    return np.floor(gain / step + 1e-6)
+
+
+@njit(cache=True, nogil=True)
+def score_rows(kind, rows, count, fraction, req_cpus, req_mem, schedulable, cpus_free, mem_usable, match, idle,
+               open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg,
+               allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps):
+    """engine.Scheduler._compute_rows in one loop, for the requests most jobs make (no
+    vram=): kind 0 CPU only, 1 one GPU's fraction (< 1) shared, 2 whole GPUs exclusive.
+    Writes score, gpu and after at `rows`, as the numpy path does."""
+    g_count = left.shape[1]
+    one = np.empty((1, g_count))
+    onem = np.empty((1, g_count), np.int32)
+    shares = np.empty((1, g_count))
+    cand = np.empty((1, g_count), np.bool_)
+    cpu1 = np.empty(1)
+    mem1 = np.empty(1)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        gpu[r] = -1
+        after[r] = np.nan
+        fits = schedulable[r]
+        if req_cpus > 0 and not cpus_free[r] + eps >= req_cpus:
+            fits = False
+        if req_mem > 0 and not mem_usable[r] >= req_mem:
+            fits = False
+        n_ok = 0
+        for g in range(g_count):
+            ok = False
+            if kind == 1:
+                ok = (match[r, g] and open_[r, g] and shared_free[r, g] >= np.int64(fraction * vram_total[r, g])
+                      and left[r, g] + eps >= fraction)
+            elif kind == 2:
+                ok = match[r, g] and idle[r, g]
+            cand[0, g] = ok
+            if ok:
+                n_ok += 1
+        if kind != 0 and n_ok < count:
+            fits = False
+        if not fits:
+            score[r] = neg
+            continue
+        cpu1[0] = cpus_free[r] - req_cpus
+        mem1[0] = np.float64(mem_usable[r]) - req_mem
+        old = value_now[r]
+        for g in range(g_count):
+            one[0, g] = left[r, g]
+            onem[0, g] = gmodel[r, g]
+        if kind == 0:
+            a = value(one, onem, cpu1, mem1, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness,
+                      eps)[0]
+            after[r] = a
+            score[r] = _step(a - old, step)
+        elif kind == 1:
+            shares[0, :] = fraction
+            a = value_one_gpu(one, onem, shares, cand, cpu1, mem1, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem,
+                              s_p, s_ap, softness, eps)
+            best = 0
+            bv = a[0, 0] + fraction
+            for g in range(1, g_count):
+                v = a[0, g] + fraction
+                if v > bv:
+                    best, bv = g, v
+            gpu[r] = best
+            after[r] = a[0, best]
+            score[r] = _step(bv - old, step)
+        else:
+            taken_sum = 0.0
+            taken_n = 0
+            for g in range(g_count):
+                if cand[0, g] and taken_n < count:
+                    taken_n += 1
+                    taken_sum += left[r, g]
+                    one[0, g] = left[r, g] - left[r, g]
+            a = value(one, onem, cpu1, mem1, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness,
+                      eps)[0]
+            if uniform[r]:
+                after[r] = a
+            score[r] = _step(a - old + taken_sum, step)

@@ -29,7 +29,7 @@ def numpy_forms(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(frag, "_JIT", [None])
             if model is not None:
-                m.setattr(model, "_jit", None)
+                m.setattr(model, "jit_form", None)
             return fn()
     return run
 
@@ -96,9 +96,9 @@ def test_the_compiled_forms_give_the_numpy_forms_values(numpy_forms):
 
 def test_a_small_fleet_does_not_load_the_compiled_forms():
     small = Fleet(ClusterSnapshot(nodes=[make_node(f"n{i}", 2) for i in range(3)]))
-    assert FragModel(small, shapes_of(random.Random(1)))._jit is None
+    assert FragModel(small, shapes_of(random.Random(1))).jit_form is None
     big = Fleet(ClusterSnapshot(nodes=[make_node(f"n{i}", 2) for i in range(frag.JIT_MIN_NODES)]))
-    assert FragModel(big, shapes_of(random.Random(1)))._jit is frag.jit() is not None
+    assert FragModel(big, shapes_of(random.Random(1))).jit_form is frag.jit() is not None
 
 
 def test_an_engine_pass_decides_the_same_with_either_form(numpy_forms):
@@ -125,3 +125,38 @@ def test_an_engine_pass_decides_the_same_with_either_form(numpy_forms):
     compiled = plan()
     assert len(compiled) > 50
     assert compiled == numpy_forms(plan)
+
+
+def test_a_node_s_score_gpu_and_value_after_are_the_numpy_path_s(numpy_forms):
+    """engine._compute_rows' compiled loop (fragjit.score_rows: CPU-only, one GPU's fraction,
+    whole GPUs) on nodes in every state: busy, exclusive, partly shared, short of CPUs."""
+    from mtgpu.sched.engine import Scheduler
+
+    rng = random.Random(31)
+    checked = 0
+    for _case in range(25):
+        nodes = []
+        for i in range(rng.randint(5, 40)):
+            model, vram = rng.choice(MODELS)
+            gpus = [make_gpu(j, model, vram, exclusive=rng.random() < 0.2,
+                             committed_fraction=rng.choice([0.0, 0.0, 0.25, 0.5, 0.75]),
+                             shared_jobs=rng.choice([0, 1])) for j in range(rng.choice([0, 1, 2, 4, 8]))]
+            nodes.append(make_node(f"n{i}", gpus, cpus=rng.choice([4, 32]), cpus_committed=rng.choice([0, 2, 3.5]),
+                                   mem="256G", mem_committed=rng.choice([0, 200]) * G, schedulable=rng.random() < 0.9))
+        snap = ClusterSnapshot(nodes=nodes)
+        reqs = [RankRequest(0, 1.0, GpuMode.EXCLUSIVE, None, None, None, 2.0, G, "cpu"),
+                RankRequest(1, rng.choice([0.25, 0.5]), GpuMode.SHARED, None, rng.choice([None, "a100"]), None,
+                            1.0, G, "frac"),
+                RankRequest(rng.choice([1, 2, 4]), 1.0, GpuMode.EXCLUSIVE, None, rng.choice([None, "rtx4090"]), None,
+                            rng.choice([0.0, 8.0]), 4 * G, "whole")]
+        compiled = Scheduler(snap)
+        assert compiled.frag.jit_form is not None
+        reference = numpy_forms(lambda: Scheduler(snap))
+        assert reference.frag.jit_form is None
+        for req in reqs:
+            a, b = compiled.scores(req), reference.scores(req)
+            assert np.array_equal(a.score, b.score, equal_nan=True), req
+            assert np.array_equal(a.gpu, b.gpu), req
+            assert np.allclose(a.after, b.after, rtol=1e-12, atol=1e-12, equal_nan=True), req
+            checked += int(np.isfinite(a.score).sum())
+    assert checked > 100
