@@ -50,35 +50,98 @@ def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, sof
 
 
 @njit(cache=True, nogil=True)
+def _value_row(lrow, grow, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps,
+               u, c, w, need):
+    """V of one node state: lrow (G,) shares left, grow (G,) models (u, c, w, need: scratch)."""
+    k_n = g_d.shape[0]
+    u[:] = 0.0
+    c[:] = 0
+    free = 0.0
+    for g in range(lrow.shape[0]):
+        lg = lrow[g]
+        free += lg
+        m = grow[g]
+        for k in range(k_n):
+            if allowed[m, k] and lg + eps >= g_d[k]:
+                u[k] += lg
+                c[k] += 1
+    for k in range(k_n):
+        need[k] = c[k] >= g_n[k] and u[k] != 0.0
+    _row_weights(cpu + eps, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w)
+    v = 0.0
+    for k in range(k_n):
+        if need[k]:
+            v += u[k] * w[k]
+    return v
+
+
+@njit(cache=True, nogil=True)
+def _one_gpu_row(lrow, grow, shrow, crow, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
+                 softness, eps, u, c, w, need, un, scored, out):
+    """out[j]: V of one node after taking shrow[j] from its GPU j, for each candidate j
+    (crow); -inf elsewhere and for a candidate alike the one before it."""
+    g_count = lrow.shape[0]
+    k_n = g_d.shape[0]
+    u[:] = 0.0
+    c[:] = 0
+    free = 0.0
+    most = -np.inf
+    for g in range(g_count):
+        lg = lrow[g]
+        free += lg
+        if shrow[g] > most:
+            most = shrow[g]
+        m = grow[g]
+        for k in range(k_n):
+            if allowed[m, k] and lg + eps >= g_d[k]:
+                u[k] += lg
+                c[k] += 1
+    need[:] = False
+    for j in range(g_count):
+        out[j] = -np.inf
+        scored[j] = False
+        if not crow[j]:
+            continue
+        if j > 0 and crow[j - 1] and lrow[j] == lrow[j - 1] and grow[j] == grow[j - 1] and shrow[j] == shrow[j - 1]:
+            continue  # alike the GPU before it: the same value (frag.py says why that is safe)
+        scored[j] = True
+        lj = lrow[j]
+        aj = lj - shrow[j]
+        m = grow[j]
+        for k in range(k_n):
+            x = u[k]
+            n = c[k]
+            if allowed[m, k]:
+                if lj + eps >= g_d[k]:
+                    x -= lj
+                    n -= 1
+                if aj + eps >= g_d[k]:
+                    x += aj
+                    n += 1
+            if n < g_n[k]:
+                x = 0.0
+            un[j, k] = x
+            if x != 0.0:
+                need[k] = True
+    _row_weights(cpu + eps, mem, free - most, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w)
+    for j in range(g_count):
+        if scored[j]:
+            v = 0.0
+            for k in range(k_n):
+                if need[k]:
+                    v += un[j, k] * w[k]
+            out[j] = v
+
+
+@njit(cache=True, nogil=True)
 def value(left, gmodel, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps):
     """V for B node states (frag.FragModel.value)."""
-    b_n, g_count = left.shape
     k_n = g_d.shape[0]
-    out = np.zeros(b_n)
-    u = np.empty(k_n)
-    c = np.empty(k_n, np.int64)
-    w = np.empty(k_n)
-    need = np.empty(k_n, np.bool_)
-    for b in range(b_n):
-        u[:] = 0.0
-        c[:] = 0
-        free = 0.0
-        for g in range(g_count):
-            lg = left[b, g]
-            free += lg
-            m = gmodel[b, g]
-            for k in range(k_n):
-                if allowed[m, k] and lg + eps >= g_d[k]:
-                    u[k] += lg
-                    c[k] += 1
-        for k in range(k_n):
-            need[k] = c[k] >= g_n[k] and u[k] != 0.0
-        _row_weights(cpu[b] + eps, mem[b], free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w)
-        v = 0.0
-        for k in range(k_n):
-            if need[k]:
-                v += u[k] * w[k]
-        out[b] = v
+    out = np.zeros(left.shape[0])
+    u, c, w, need = np.empty(k_n), np.empty(k_n, np.int64), np.empty(k_n), np.empty(k_n, np.bool_)
+    for b in range(left.shape[0]):
+        out[b] = _value_row(left[b], gmodel[b], cpu[b], mem[b], allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem,
+                            s_p, s_ap, softness, eps, u, c, w, need)
     return out
 
 
@@ -89,63 +152,13 @@ def value_one_gpu(left, gmodel, share, cand, cpu, mem, allowed, g_d, g_n, g_need
     elsewhere, and for a candidate alike the one before it (frag.FragModel.value_one_gpu)."""
     b_n, g_count = left.shape
     k_n = g_d.shape[0]
-    out = np.full((b_n, g_count), -np.inf)
-    u = np.empty(k_n)
-    c = np.empty(k_n, np.int64)
-    w = np.empty(k_n)
-    need = np.empty(k_n, np.bool_)
-    un = np.empty((g_count, k_n))  # per candidate GPU: the usable share of each group after
+    out = np.empty((b_n, g_count))
+    u, c, w, need = np.empty(k_n), np.empty(k_n, np.int64), np.empty(k_n), np.empty(k_n, np.bool_)
+    un = np.empty((g_count, k_n))
     scored = np.empty(g_count, np.bool_)
     for b in range(b_n):
-        u[:] = 0.0
-        c[:] = 0
-        free = 0.0
-        most = -np.inf
-        for g in range(g_count):
-            lg = left[b, g]
-            free += lg
-            if share[b, g] > most:
-                most = share[b, g]
-            m = gmodel[b, g]
-            for k in range(k_n):
-                if allowed[m, k] and lg + eps >= g_d[k]:
-                    u[k] += lg
-                    c[k] += 1
-        need[:] = False
-        for j in range(g_count):
-            scored[j] = False
-            if not cand[b, j]:
-                continue
-            if (j > 0 and cand[b, j - 1] and left[b, j] == left[b, j - 1] and gmodel[b, j] == gmodel[b, j - 1]
-                    and share[b, j] == share[b, j - 1]):
-                continue  # alike the GPU before it: the same value (frag.py says why that is safe)
-            scored[j] = True
-            lj = left[b, j]
-            aj = lj - share[b, j]
-            m = gmodel[b, j]
-            for k in range(k_n):
-                x = u[k]
-                n = c[k]
-                if allowed[m, k]:
-                    if lj + eps >= g_d[k]:
-                        x -= lj
-                        n -= 1
-                    if aj + eps >= g_d[k]:
-                        x += aj
-                        n += 1
-                if n < g_n[k]:
-                    x = 0.0
-                un[j, k] = x
-                if x != 0.0:
-                    need[k] = True
-        _row_weights(cpu[b] + eps, mem[b], free - most, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w)
-        for j in range(g_count):
-            if scored[j]:
-                v = 0.0
-                for k in range(k_n):
-                    if need[k]:
-                        v += un[j, k] * w[k]
-                out[b, j] = v
+        _one_gpu_row(left[b], gmodel[b], share[b], cand[b], cpu[b], mem[b], allowed, g_d, g_n, g_need, s_start,
+                     s_cpu, s_mem, s_p, s_ap, softness, eps, u, c, w, need, un, scored, out[b])
     return out
 
 
@@ -164,12 +177,14 @@ def score_rows(kind, rows, count, fraction, req_cpus, req_mem, schedulable, cpus
     vram=): kind 0 CPU only, 1 one GPU's fraction (< 1) shared, 2 whole GPUs exclusive.
     Writes score, gpu and after at `rows`, as the numpy path does."""
     g_count = left.shape[1]
-    one = np.empty((1, g_count))
-    onem = np.empty((1, g_count), np.int32)
-    shares = np.empty((1, g_count))
-    cand = np.empty((1, g_count), np.bool_)
-    cpu1 = np.empty(1)
-    mem1 = np.empty(1)
+    k_n = g_d.shape[0]
+    u, c, w, need = np.empty(k_n), np.empty(k_n, np.int64), np.empty(k_n), np.empty(k_n, np.bool_)
+    un = np.empty((g_count, k_n))
+    scored = np.empty(g_count, np.bool_)
+    one = np.empty(g_count)
+    shares = np.full(g_count, fraction)
+    cand = np.empty(g_count, np.bool_)
+    a = np.empty(g_count)
     for i in range(rows.shape[0]):
         r = rows[i]
         gpu[r] = -1
@@ -187,7 +202,7 @@ def score_rows(kind, rows, count, fraction, req_cpus, req_mem, schedulable, cpus
                       and left[r, g] + eps >= fraction)
             elif kind == 2:
                 ok = match[r, g] and idle[r, g]
-            cand[0, g] = ok
+            cand[g] = ok
             if ok:
                 n_ok += 1
         if kind != 0 and n_ok < count:
@@ -195,40 +210,37 @@ def score_rows(kind, rows, count, fraction, req_cpus, req_mem, schedulable, cpus
         if not fits:
             score[r] = neg
             continue
-        cpu1[0] = cpus_free[r] - req_cpus
-        mem1[0] = np.float64(mem_usable[r]) - req_mem
+        cpu = cpus_free[r] - req_cpus
+        mem = np.float64(mem_usable[r]) - req_mem
         old = value_now[r]
-        for g in range(g_count):
-            one[0, g] = left[r, g]
-            onem[0, g] = gmodel[r, g]
         if kind == 0:
-            a = value(one, onem, cpu1, mem1, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness,
-                      eps)[0]
-            after[r] = a
-            score[r] = _step(a - old, step)
+            v = _value_row(left[r], gmodel[r], cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p,
+                           s_ap, softness, eps, u, c, w, need)
+            after[r] = v
+            score[r] = _step(v - old, step)
         elif kind == 1:
-            shares[0, :] = fraction
-            a = value_one_gpu(one, onem, shares, cand, cpu1, mem1, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem,
-                              s_p, s_ap, softness, eps)
+            _one_gpu_row(left[r], gmodel[r], shares, cand, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu,
+                         s_mem, s_p, s_ap, softness, eps, u, c, w, need, un, scored, a)
             best = 0
-            bv = a[0, 0] + fraction
+            bv = a[0] + fraction
             for g in range(1, g_count):
-                v = a[0, g] + fraction
+                v = a[g] + fraction
                 if v > bv:
                     best, bv = g, v
             gpu[r] = best
-            after[r] = a[0, best]
+            after[r] = a[best]
             score[r] = _step(bv - old, step)
         else:
             taken_sum = 0.0
             taken_n = 0
             for g in range(g_count):
-                if cand[0, g] and taken_n < count:
+                one[g] = left[r, g]
+                if cand[g] and taken_n < count:
                     taken_n += 1
                     taken_sum += left[r, g]
-                    one[0, g] = left[r, g] - left[r, g]
-            a = value(one, onem, cpu1, mem1, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness,
-                      eps)[0]
+                    one[g] = left[r, g] - left[r, g]
+            v = _value_row(one, gmodel[r], cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
+                           softness, eps, u, c, w, need)
             if uniform[r]:
-                after[r] = a
-            score[r] = _step(a - old + taken_sum, step)
+                after[r] = v
+            score[r] = _step(v - old + taken_sum, step)
