@@ -33,3 +33,22 @@ def test_the_shim_module_loads_without_json_and_started_json_needs_none():
             "print('json' in sys.modules)") % SHIM_PATH
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_shim_becomes_a_subreaper_without_the_ctypes_or_signal_packages():
+    """ctypes and signal (enum) took some ms of every job's start (issue 28 target 3): the
+    shim uses _ctypes and _signal, and orphans of the job are still re-parented to it."""
+    code = ("import sys, os, time; sys.argv = ['shim']; g = {'__name__': 'not_main'}; p = %r; "
+            "exec(compile(open(p).read(), p, 'exec'), g); g['_set_subreaper']()\n"
+            "child = os.fork()\n"
+            "if child == 0:\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(0.5); os._exit(7)\n"
+            "    os._exit(0)\n"
+            "os.waitpid(child, 0)\n"
+            "pid, status = os.waitpid(-1, 0)\n"
+            "print(pid != child, os.waitstatus_to_exitcode(status), sorted({'ctypes', 'signal', 'enum'} & set(sys.modules)))"
+            ) % SHIM_PATH
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60)
+    assert out.stdout.strip() == "True 7 []", out.stdout + out.stderr

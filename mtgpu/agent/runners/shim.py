@@ -35,12 +35,11 @@ ends; it ends as the job did (the same exit code, or the same signal), so the sh
 the job's own end.
 """
 
-import ctypes
+import _signal as signal  # the C module: `signal` imports enum, some ms at every job's start
 import marshal
 import os
 import resource
 import select
-import signal
 import stat
 import sys
 import time
@@ -121,10 +120,15 @@ def _forward(signum, _frame):
 
 def _set_subreaper():
     """Orphans of the job are re-parented to the shim (not to a PID 1 that may not reap)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    try:  # _ctypes alone: the ctypes package takes some ms to import, at every job's start
+        import _ctypes
+        _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"), (36, 1, 0, 0, 0))  # PR_SET_CHILD_SUBREAPER
     except Exception:
-        pass
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+        except Exception:
+            pass
 
 
 def _open_log(path, uid, gid):
