@@ -55,6 +55,9 @@ fi
 if [ -n "$EXTRA" ] && command -v npm >/dev/null && node -e 'process.exit(parseInt(process.versions.node) >= 20 ? 0 : 1)'; then
   npm ci --prefix tests/tools/devcontainer-cli --no-audit --no-fund --loglevel=error
 fi
+# the scheduler's compiled scoring (mtgpu/sched/fragjit.py): compiled now, into the package's
+# __pycache__, not in a big cluster's first pass (some seconds); a failure here costs only that
+(cd / && "$VENV/bin/python" -I -m mtgpu.sched.fragjit) || echo "scripts/install.sh: the scheduler's compiled scoring did not compile now; the first pass on a fleet of 64+ nodes compiles it" >&2
 chmod -R a+rX "$(dirname "$VENV")"
 for cmd in mtgpu-server mtgpu-admin mt-job mtgpu-setup mt-python mt-podman mt-container remotegpu-cli; do
   ln -sf "$VENV/bin/$cmd" "/usr/local/bin/$cmd"

@@ -244,3 +244,34 @@ def score_rows(kind, rows, count, fraction, req_cpus, req_mem, schedulable, cpus
             if uniform[r]:
                 after[r] = v
             score[r] = _step(v - old + taken_sum, step)
+
+
+def warm() -> None:
+    """Compile (or load) every form a pass uses, with the types it passes: a tiny fleet of
+    frag.JIT_MIN_NODES nodes places a job of each kind. scripts/install.sh runs it, so a
+    scheduler's first pass on a big fleet does not wait for the compiler."""
+    from mtgpu.model.cluster import ClusterSnapshot, GpuView, NodeView
+    from mtgpu.model.job import GpuAlternative, GpuMode, JobSpec
+
+    from .engine import Scheduler
+    from .frag import JIT_MIN_NODES
+
+    gpus = [GpuView(index=i, vendor="nvidia", model="rtx4090", vram_total_bytes=24 << 30, vram_used_measured_bytes=0,
+                    utilization_pct=0.0, committed_fraction=0.0, committed_vram_bytes=0, exclusive=False, shared_jobs=0,
+                    oversubscribed_jobs=0) for i in range(2)]
+    nodes = [NodeView(name=f"n{i}", gpus=gpus, cpus_total=8, mem_total_bytes=64 << 30, cpus_committed=0,
+                      mem_committed_bytes=0, mem_available_measured_bytes=None, schedulable=True,
+                      unschedulable_reason="", containers=None) for i in range(JIT_MIN_NODES)]
+    sched = Scheduler(ClusterSnapshot(nodes=nodes))
+    assert sched.frag.jit_form is not None
+    specs = [JobSpec(cpus=1, mem_bytes=1 << 30),
+             JobSpec(gpus=(GpuAlternative(0.5, None, None),), cpus=1, mem_bytes=1 << 30, gpu_mode=GpuMode.SHARED),
+             JobSpec(gpus=(GpuAlternative(1.0, None, None),), cpus=1, mem_bytes=1 << 30),
+             JobSpec(gpus=(GpuAlternative(1.0, None, None),), cpus=1, mem_bytes=1 << 30, vram_bytes=8 << 30,
+                     gpu_mode=GpuMode.SHARED)]
+    for job_id, spec in enumerate(specs * 2, 1):
+        sched.place(spec, job_id)
+
+
+if __name__ == "__main__":
+    warm()
