@@ -115,13 +115,37 @@ class Scheduler:
             self._compute(req, s, np.arange(self.fleet.n))
             s.pos = len(log)
         elif s.pos < len(log):
-            rows = self.fleet.changed_since(s.pos)
-            # Within a pass a node only loses capacity: where a request did not fit, it still does not.
-            rows = rows[s.score[rows] > NEG]
-            if len(rows):
-                self._compute(req, s, rows)
+            kind = self._jit_kind(req)
+            if kind >= 0 and len(log) - s.pos <= DEDUPE_ROWS:  # the same, in one compiled call
+                self._score_jit(kind, req, s, self.fleet.log_rows, s.pos, len(log))
+            else:
+                rows = self.fleet.changed_since(s.pos)
+                # Within a pass a node only loses capacity: where a request did not fit, it still does not.
+                rows = rows[s.score[rows] > NEG]
+                if len(rows):
+                    self._compute(req, s, rows)
             s.pos = len(log)
         return s
+
+    def _jit_kind(self, req: RankRequest) -> int:
+        """fragjit.score_rows' kind of request, or -1 (the numpy path: no compiled forms here,
+        or a request they do not cover)."""
+        if self.frag.jit_form is None or req.vram_bytes is not None:
+            return -1
+        if not req.gpu_count:
+            return 0
+        if req.mode == GpuMode.SHARED and req.gpu_count == 1 and req.fraction < 1.0:
+            return 1
+        return 2 if req.mode == GpuMode.EXCLUSIVE else -1
+
+    def _score_jit(self, kind: int, req: RankRequest, s: _Scores, rows: np.ndarray, log_from: int = 0,
+                   log_to: int = 0) -> None:
+        f = self.fleet
+        self.frag.jit_form.score_rows(
+            kind, rows, log_from, log_to, f.stamp, req.gpu_count, float(req.fraction), float(req.cpus),
+            int(req.mem_bytes), f.schedulable, f.cpus_free, f.mem_usable, f.match_slots(req.vendor, req.model), f.idle,
+            f.open, f.shared_free, f.vram_total, f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after,
+            float(SCORE_STEP), NEG, *self.frag.jit_args)
 
     def _compute(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
         if len(rows) > DEDUPE_ROWS:
@@ -139,19 +163,10 @@ class Scheduler:
 
     def _compute_rows(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
         f = self.fleet
-        k = self.frag.jit_form
-        if k is not None and req.vram_bytes is None:
-            # the requests most jobs make, in one compiled loop (sched/fragjit.py: the same steps)
-            kind = (0 if not req.gpu_count else
-                    1 if req.mode == GpuMode.SHARED and req.gpu_count == 1 and req.fraction < 1.0 else
-                    2 if req.mode == GpuMode.EXCLUSIVE else -1)
-            if kind >= 0:
-                k.score_rows(kind, np.ascontiguousarray(rows, np.int64), req.gpu_count, float(req.fraction),
-                             float(req.cpus), int(req.mem_bytes), f.schedulable, f.cpus_free, f.mem_usable,
-                             f.match_slots(req.vendor, req.model), f.idle, f.open, f.shared_free, f.vram_total,
-                             f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after, float(SCORE_STEP),
-                             NEG, *self.frag.jit_args)
-                return
+        kind = self._jit_kind(req)
+        if kind >= 0:  # the requests most jobs make, in one compiled loop (sched/fragjit.py: the same steps)
+            self._score_jit(kind, req, s, np.ascontiguousarray(rows, np.int64))
+            return
         fits = f.host_ok(req, rows)
         if req.gpu_count:
             ok = f.gpu_ok(req, rows)
@@ -355,11 +370,17 @@ class Scheduler:
         `cand` is copied before a refused node is marked in it."""
         gpu_choice = self._scores[req].gpu
         own = False
+        k = self.frag.jit_form
         while True:
-            best = float(cand.max()) if cand.size else NEG
-            if best == NEG:
-                return cand, best, None
-            ties = np.flatnonzero(cand >= best - TIE_EPS)
+            if k is not None:
+                best, ties = k.top(cand, TIE_EPS)
+                if best == NEG:
+                    return cand, best, None
+            else:
+                best = float(cand.max()) if cand.size else NEG
+                if best == NEG:
+                    return cand, best, None
+                ties = np.flatnonzero(cand >= best - TIE_EPS)
             if checks is None or holds is None:
                 return cand, best, ties
             refused = [r for r in ties[checks[ties]].tolist()

@@ -79,6 +79,7 @@ class Fleet:
         # all of the node's GPUs are of one kind (any k idle GPUs leave the same shares by kind)
         self.uniform = ((self.gmodel == self.gmodel[:, :1]) | (self.gmodel == self.no_gpu)).all(axis=1)
         self.log: list[int] = []  # rows changed, in order
+        self.log_rows = np.zeros(max(64, n), dtype=np.int64)  # the same, for compiled code (first len(log))
         self.stamp = np.full(n, -1, dtype=np.int64)  # per row: its last position in `log`
         self._match_cache: dict[tuple[str | None, str | None], np.ndarray] = {}
         self._match_slots: dict[tuple[str | None, str | None], np.ndarray] = {}
@@ -180,8 +181,12 @@ class Fleet:
             sid = ids[key] = len(ids)
         self.state_id[i] = sid
         if log:
-            self.stamp[i] = len(self.log)
+            at = len(self.log)
+            self.stamp[i] = at
             self.log.append(i)
+            if at == len(self.log_rows):
+                self.log_rows = np.concatenate((self.log_rows, np.zeros(at, dtype=np.int64)))
+            self.log_rows[at] = i
 
     def changed_since(self, pos: int) -> np.ndarray:
         """The rows changed since `log` had `pos` entries, each once."""

@@ -170,12 +170,81 @@ def _step(gain, step):
 
 
 @njit(cache=True, nogil=True)
-def score_rows(kind, rows, count, fraction, req_cpus, req_mem, schedulable, cpus_free, mem_usable, match, idle,
-               open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg,
-               allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps):
+def _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_free, mem_usable, match, idle, open_,
+               shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg, allowed, g_d,
+               g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps, u, c, w, need, un, scored, one, shares,
+               cand, a):
+    """One node's score, GPU and V after for score_rows (the rest: scratch)."""
+    g_count = left.shape[1]
+    gpu[r] = -1
+    after[r] = np.nan
+    fits = schedulable[r]
+    if req_cpus > 0 and not cpus_free[r] + eps >= req_cpus:
+        fits = False
+    if req_mem > 0 and not mem_usable[r] >= req_mem:
+        fits = False
+    n_ok = 0
+    for g in range(g_count):
+        ok = False
+        if kind == 1:
+            ok = (match[r, g] and open_[r, g] and shared_free[r, g] >= np.int64(fraction * vram_total[r, g])
+                  and left[r, g] + eps >= fraction)
+        elif kind == 2:
+            ok = match[r, g] and idle[r, g]
+        cand[g] = ok
+        if ok:
+            n_ok += 1
+    if kind != 0 and n_ok < count:
+        fits = False
+    if not fits:
+        score[r] = neg
+        return
+    cpu = cpus_free[r] - req_cpus
+    mem = np.float64(mem_usable[r]) - req_mem
+    old = value_now[r]
+    if kind == 0:
+        v = _value_row(left[r], gmodel[r], cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
+                       softness, eps, u, c, w, need)
+        after[r] = v
+        score[r] = _step(v - old, step)
+    elif kind == 1:
+        _one_gpu_row(left[r], gmodel[r], shares, cand, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem,
+                     s_p, s_ap, softness, eps, u, c, w, need, un, scored, a)
+        best = 0
+        bv = a[0] + fraction
+        for g in range(1, g_count):
+            v = a[g] + fraction
+            if v > bv:
+                best, bv = g, v
+        gpu[r] = best
+        after[r] = a[best]
+        score[r] = _step(bv - old, step)
+    else:
+        taken_sum = 0.0
+        taken_n = 0
+        for g in range(g_count):
+            one[g] = left[r, g]
+            if cand[g] and taken_n < count:
+                taken_n += 1
+                taken_sum += left[r, g]
+                one[g] = left[r, g] - left[r, g]
+        v = _value_row(one, gmodel[r], cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
+                       softness, eps, u, c, w, need)
+        if uniform[r]:
+            after[r] = v
+        score[r] = _step(v - old + taken_sum, step)
+
+
+@njit(cache=True, nogil=True)
+def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, req_mem, schedulable, cpus_free,
+               mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu,
+               after, step, neg, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps):
     """engine.Scheduler._compute_rows in one loop, for the requests most jobs make (no
     vram=): kind 0 CPU only, 1 one GPU's fraction (< 1) shared, 2 whole GPUs exclusive.
-    Writes score, gpu and after at `rows`, as the numpy path does."""
+    Writes score, gpu and after at `rows`, as the numpy path does. With log_from <
+    log_to, `rows` is Fleet.log_rows instead: the rows logged since log_from, each once
+    (at its last entry, by `stamp`), skipping those this request already did not fit
+    (engine.Scheduler.scores: within a pass a node only loses capacity)."""
     g_count = left.shape[1]
     k_n = g_d.shape[0]
     u, c, w, need = np.empty(k_n), np.empty(k_n, np.int64), np.empty(k_n), np.empty(k_n, np.bool_)
@@ -185,65 +254,38 @@ def score_rows(kind, rows, count, fraction, req_cpus, req_mem, schedulable, cpus
     shares = np.full(g_count, fraction)
     cand = np.empty(g_count, np.bool_)
     a = np.empty(g_count)
-    for i in range(rows.shape[0]):
+    logged = log_from < log_to
+    for i in range(log_from, log_to) if logged else range(rows.shape[0]):
         r = rows[i]
-        gpu[r] = -1
-        after[r] = np.nan
-        fits = schedulable[r]
-        if req_cpus > 0 and not cpus_free[r] + eps >= req_cpus:
-            fits = False
-        if req_mem > 0 and not mem_usable[r] >= req_mem:
-            fits = False
-        n_ok = 0
-        for g in range(g_count):
-            ok = False
-            if kind == 1:
-                ok = (match[r, g] and open_[r, g] and shared_free[r, g] >= np.int64(fraction * vram_total[r, g])
-                      and left[r, g] + eps >= fraction)
-            elif kind == 2:
-                ok = match[r, g] and idle[r, g]
-            cand[g] = ok
-            if ok:
-                n_ok += 1
-        if kind != 0 and n_ok < count:
-            fits = False
-        if not fits:
-            score[r] = neg
+        if logged and (stamp[r] != i or not score[r] > neg):
             continue
-        cpu = cpus_free[r] - req_cpus
-        mem = np.float64(mem_usable[r]) - req_mem
-        old = value_now[r]
-        if kind == 0:
-            v = _value_row(left[r], gmodel[r], cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p,
-                           s_ap, softness, eps, u, c, w, need)
-            after[r] = v
-            score[r] = _step(v - old, step)
-        elif kind == 1:
-            _one_gpu_row(left[r], gmodel[r], shares, cand, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu,
-                         s_mem, s_p, s_ap, softness, eps, u, c, w, need, un, scored, a)
-            best = 0
-            bv = a[0] + fraction
-            for g in range(1, g_count):
-                v = a[g] + fraction
-                if v > bv:
-                    best, bv = g, v
-            gpu[r] = best
-            after[r] = a[best]
-            score[r] = _step(bv - old, step)
-        else:
-            taken_sum = 0.0
-            taken_n = 0
-            for g in range(g_count):
-                one[g] = left[r, g]
-                if cand[g] and taken_n < count:
-                    taken_n += 1
-                    taken_sum += left[r, g]
-                    one[g] = left[r, g] - left[r, g]
-            v = _value_row(one, gmodel[r], cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
-                           softness, eps, u, c, w, need)
-            if uniform[r]:
-                after[r] = v
-            score[r] = _step(v - old + taken_sum, step)
+        _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_free, mem_usable, match, idle,
+                   open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg,
+                   allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps, u, c, w, need, un,
+                   scored, one, shares, cand, a)
+
+
+@njit(cache=True, nogil=True)
+def top(cand, tie_eps):
+    """(cand.max(), the indexes where cand >= that - tie_eps), as engine._top computed them
+    (a NaN anywhere: NaN and no index, as numpy's max and comparison give)."""
+    best = -np.inf
+    for x in cand:
+        if x != x:
+            return np.nan, np.empty(0, np.int64)
+        if x > best:
+            best = x
+    n = 0
+    for x in cand:
+        if x >= best - tie_eps:
+            n += 1
+    ties = np.empty(n, np.int64)
+    n = 0
+    for i in range(cand.shape[0]):
+        if cand[i] >= best - tie_eps:
+            ties[n] = i
+            n += 1
+    return best, ties
 
 
 def warm() -> None:
