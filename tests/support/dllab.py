@@ -11,6 +11,7 @@ import queue
 import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -44,9 +45,14 @@ class Proc:
     """A process in a namespace whose stdout lines are JSON events."""
 
     def __init__(self, argv: list[str], stdin: bool = False) -> None:
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        # stderr to a file: what each process logged can be read while it still runs
+        self._err = tempfile.TemporaryFile()
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._err, text=True, cwd=ROOT,
                                   stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                   env={**os.environ, "PYTHONPATH": ROOT})
+        self.name = next((n for key, n in (("mtgpu.cli.relay", "relay"), ("serve", "serve"), ("dial", "dialer"))
+                          if key in argv), "capture")
+        self.others: list[Proc] = []  # the lab's other processes, whose logs a failure shows too
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -66,15 +72,17 @@ class Proc:
             except ValueError:
                 continue
             if e.get("event") == name or e.get("event") == "error":
-                assert e.get("event") != "error", e
+                assert e.get("event") != "error", f"{e}; {self.logs()}"
                 return e
-        raise AssertionError(f"no {name!r} event in {timeout_s:g}s; exit {self.p.poll()}; stderr:\n"
-                             f"{self.stderr_now()}")
+        raise AssertionError(f"no {name!r} event in {timeout_s:g}s; exit {self.p.poll()}; {self.logs()}")
 
     def stderr_now(self) -> str:
-        if self.p.poll() is None:
-            return "(still running)"
-        return self.p.stderr.read()[-3000:]
+        self._err.seek(0)
+        return self._err.read()[-3000:].decode("utf-8", "replace")
+
+    def logs(self) -> str:
+        """This process's stderr and the lab's other processes' (for a failure's message)."""
+        return "\n".join(f"--- {p.name} (exit {p.p.poll()}), stderr:\n{p.stderr_now()}" for p in [self, *self.others])
 
     def tell(self, line: str) -> None:
         self.p.stdin.write(line + "\n")
@@ -117,4 +125,6 @@ def run_lab(lab: NatLab, keys: dict, capture_to: Path | None = None, marker: str
     dialer = Proc(lab.prefix("a") + [PY, "-m", "tests.support.dlpeer", *common, "--key-file", str(keys["a"]),
                                      "dial", keys["b_id"]], stdin=True)
     procs.append(dialer)
+    for p in procs:
+        p.others = [q for q in procs if q is not p]
     return procs, dialer
