@@ -30,6 +30,15 @@ async def round_trip(session, size: int) -> None:
     assert bytes(got) == payload
 
 
+async def carried_direct_then_closed(relay, session, a, b) -> None:
+    """300 KB through `session` with next to nothing on the relay, then both endpoints closed."""
+    relayed = relay.forwarded_bytes
+    await round_trip(session, 300_000)
+    assert relay.forwarded_bytes - relayed < 50_000
+    await a.close()
+    await b.close()
+
+
 async def direct_session(port: int):
     """(a, b, a's session with b) on loopback, once both sides are on the direct path."""
     a = await endpoint(port, "a")
@@ -182,11 +191,7 @@ def test_an_endpoint_the_relay_did_not_tell_its_public_address_asks_again_and_go
         await until("b's address asked again and the direct path", lambda: session.path == "direct" and
                     b.answered[a.id][0].path == "direct", D.PUBLIC_RETRY_S + D.PUNCH_FOR_S + 10)
         assert b.public == f"127.0.0.1:{b.udp.local_port()}" and len(lost) == 1
-        relayed = relay.forwarded_bytes
-        await round_trip(session, 300_000)
-        assert relay.forwarded_bytes - relayed < 50_000
-        await a.close()
-        await b.close()
+        await carried_direct_then_closed(relay, session, a, b)
 
     run(body)
 
@@ -241,10 +246,6 @@ def test_no_full_probe_reaches_a_slow_peer_before_its_openers_so_a_busy_side_sti
         await until("the direct path", lambda: session.path == "direct" and b.answered[a.id][0].path == "direct",
                     D.PUNCH_FOR_S + 5)
         assert late == []
-        relayed = relay.forwarded_bytes
-        await round_trip(session, 300_000)
-        assert relay.forwarded_bytes - relayed < 50_000
-        await a.close()
-        await b.close()
+        await carried_direct_then_closed(relay, session, a, b)
 
     run(body)
