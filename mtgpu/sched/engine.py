@@ -98,7 +98,7 @@ class Scheduler:
         if after == after:  # not NaN
             self.value[row] = after
             return
-        sid = int(f.state_id[row])
+        sid = f.row_key(row)
         v = self._value_of.get(sid)
         if v is None:
             r = slice(row, row + 1)

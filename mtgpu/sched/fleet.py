@@ -20,6 +20,15 @@ from .nodefit import NodeState
 from .request import EPS, RankRequest
 
 
+def row_sum(values: list[float]) -> float:
+    """A node's GPU share left (Fleet.left_sum): its slots added in order from 0.0, the same
+    floats as _fill's column by column sum (numpy's sum adds pairwise: other last bits)."""
+    acc = 0.0
+    for x in values:
+        acc += x
+    return acc
+
+
 class NodeStates:
     """The pass's NodeState of each row, made when first read: a pass that places a few jobs
     on a thousand nodes reads a few of them (the arrays are filled from the views)."""
@@ -128,7 +137,9 @@ class Fleet:
         self.meas_free[:] = np.maximum(0, total - used)
         ratio = np.divide(used, total, out=np.zeros((n, g), dtype=np.float64), where=total != 0)
         self.load[:] = np.where(present, a["util"] / 100.0 + ratio + 0.01 * a["over"], 0.0)
-        self.left_sum[:] = self.left.sum(axis=1)
+        self.left_sum[:] = 0.0
+        for j in range(g):  # in slot order, as refresh adds them (row_sum)
+            self.left_sum += self.left[:, j]
         self.cpus_free[:] = [float(v.cpus_total) - float(v.cpus_committed) for v in views]
         mem_free = [int(v.mem_total_bytes) - int(v.mem_committed_bytes) for v in views]
         self.mem_usable[:] = [free if v.mem_available_measured_bytes is None
@@ -167,19 +178,11 @@ class Fleet:
             self.shared_free[i, j] = x.shared_free
             self.meas_free[i, j] = x.measured_free
             self.load[i, j] = x.util / 100.0 + (x.used / x.total if x.total else 0.0) + 0.01 * x.over
-        self.left_sum[i] = self.left[i:i + 1].sum(axis=1)[0]
+        self.left_sum[i] = row_sum(self.left[i].tolist())
         self.cpus_free[i] = s.cpus_free
         self.mem_usable[i] = s.mem_usable
         self.schedulable[i] = s.schedulable
-        key = b"".join((self._static[i], self.left[i].tobytes(), self.idle[i].tobytes(), self.open[i].tobytes(),
-                        self.shared_free[i].tobytes(), self.meas_free[i].tobytes(), self.load[i].tobytes(),
-                        self.cpus_free[i:i + 1].tobytes(), self.mem_usable[i:i + 1].tobytes(),
-                        b"\1" if s.schedulable else b"\0"))
-        ids = self._ids
-        sid = ids.get(key)
-        if sid is None:
-            sid = ids[key] = len(ids)
-        self.state_id[i] = sid
+        self.state_id[i] = -1  # made when read (row_keys): most changed rows are never compared
         if log:
             at = len(self.log)
             self.stamp[i] = at
@@ -200,7 +203,28 @@ class Fleet:
 
     def row_keys(self, rows: np.ndarray) -> np.ndarray:
         """An id per row of everything fit and scoring read: equal rows, equal ids."""
-        return self.state_id[rows]
+        ids = self.state_id[rows]
+        if (ids < 0).any():
+            for i in rows[ids < 0].tolist():
+                self.row_key(i)
+            ids = self.state_id[rows]
+        return ids
+
+    def row_key(self, i: int) -> int:
+        """row_keys for one row."""
+        sid = int(self.state_id[i])
+        if sid >= 0:
+            return sid
+        key = b"".join((self._static[i], self.left[i].tobytes(), self.idle[i].tobytes(), self.open[i].tobytes(),
+                        self.shared_free[i].tobytes(), self.meas_free[i].tobytes(), self.load[i].tobytes(),
+                        self.cpus_free[i:i + 1].tobytes(), self.mem_usable[i:i + 1].tobytes(),
+                        b"\1" if self.schedulable[i] else b"\0"))
+        ids = self._ids
+        sid = ids.get(key)
+        if sid is None:
+            sid = ids[key] = len(ids)
+        self.state_id[i] = sid
+        return sid
 
     # ---- filters -------------------------------------------------------------
 
