@@ -116,7 +116,7 @@ class Scheduler:
             s.pos = len(log)
         elif s.pos < len(log):
             kind = self._jit_kind(req)
-            if kind >= 0 and len(log) - s.pos <= DEDUPE_ROWS:  # the same, in one compiled call
+            if kind >= 0:  # the same, in one compiled call
                 self._score_jit(kind, req, s, self.fleet.log_rows, s.pos, len(log))
             else:
                 rows = self.fleet.changed_since(s.pos)
@@ -148,7 +148,7 @@ class Scheduler:
             float(SCORE_STEP), NEG, *self.frag.jit_args)
 
     def _compute(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
-        if len(rows) > DEDUPE_ROWS:
+        if len(rows) > DEDUPE_ROWS and self._jit_kind(req) < 0:  # (compiled: score_rows dedupes)
             # Many nodes are in the same state (identical and empty at first): score one of each.
             keys = self.fleet.row_keys(rows)
             if len(set(keys.tolist())) < len(rows) // 2:

@@ -65,6 +65,28 @@ def jit():
     return _JIT[0]
 
 
+def allowed_order(allowed: np.ndarray, g_d: np.ndarray) -> np.ndarray:
+    """Per GPU model (a row of `allowed`): the groups its GPUs serve, least demand first, then
+    -1s. A GPU with share `lg` left counts for exactly those of them with g_d <= lg + eps: a
+    prefix (the same additions as testing every group, in the same order per group)."""
+    out = np.full(allowed.shape, -1, dtype=np.int64)
+    for m in range(allowed.shape[0]):
+        ks = np.flatnonzero(allowed[m])
+        ks = ks[np.argsort(g_d[ks], kind="stable")]
+        out[m, :len(ks)] = ks
+    return out
+
+
+_POW: list = []
+
+
+def pow_table(mod) -> np.ndarray:
+    """fragjit.pow_table for CPU_SOFTNESS, made once per process."""
+    if not _POW:
+        _POW.append(mod.pow_table(float(CPU_SOFTNESS)))
+    return _POW[0]
+
+
 class FragModel:
     """The workload's kinds of jobs, laid out for vectorized evaluation of V."""
 
@@ -161,9 +183,12 @@ class FragModel:
         self._subsets: dict[bytes, tuple[np.ndarray, ...]] = {}
         # the model as fragjit takes it (contiguous, one dtype each: one compiled form)
         self.jit_form = jit() if fleet.n >= JIT_MIN_NODES else None
-        c = np.ascontiguousarray
-        self.jit_args = (c(self.allowed), c(self.g_d), c(self.g_n), c(self.g_need, np.float64),
-                          c(self.s_start, np.int64), c(self.s_cpu), c(self.s_mem), c(self.s_p), c(self.s_ap), float(CPU_SOFTNESS), float(EPS))
+        self.jit_args: tuple = ()
+        if self.jit_form is not None:
+            c = np.ascontiguousarray
+            self.jit_args = (c(self.allowed), allowed_order(self.allowed, self.g_d), c(self.g_d), c(self.g_n),
+                             c(self.g_need, np.float64), c(self.s_start, np.int64), c(self.s_cpu), c(self.s_mem),
+                             c(self.s_p), c(self.s_ap), float(CPU_SOFTNESS), pow_table(self.jit_form), float(EPS))
 
     def _weights(self, cpu: np.ndarray, mem: np.ndarray, free: np.ndarray,
                  active: np.ndarray | None = None) -> np.ndarray:

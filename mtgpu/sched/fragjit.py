@@ -18,8 +18,22 @@ import numpy as np
 from numba import njit
 
 
+POW_TABLE = 4096  # jobs ** -softness for 0 <= jobs < this, looked up (a pow call is most of a row's time)
+
+
 @njit(cache=True, nogil=True)
-def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w):
+def pow_table(softness):
+    """t[j] = j ** -softness (t[0] unused), by the same pow the weights would call."""
+    t = np.empty(POW_TABLE)
+    t[0] = 0.0
+    for j in range(1, POW_TABLE):
+        jobs = np.float64(j)
+        t[j] = jobs ** (-softness)
+    return t
+
+
+@njit(cache=True, nogil=True)
+def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, need, w):
     """w[k] for each group k with need[k]: the popularity of its kinds that a node with
     `cpu_e` CPUs (plus EPS), `mem` memory and `free` GPU share can host
     (frag.FragModel._weights, one row; the kinds are sorted by group, from s_start[k])."""
@@ -34,7 +48,8 @@ def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, sof
             jobs = np.floor(free / g_need[k] + 1e-9)
             if jobs < 1.0:
                 jobs = 1.0
-            y = jobs ** (-softness) * cs
+            # jobs ** -softness, from the table where it holds it (pow_table: the same pow)
+            y = (powtab[np.int64(jobs)] if jobs < powtab.shape[0] else jobs ** (-softness)) * cs
         end = s_start[k + 1] if k + 1 < k_n else t_n
         acc = 0.0
         for t in range(s_start[k], end):
@@ -50,7 +65,7 @@ def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, sof
 
 
 @njit(cache=True, nogil=True)
-def _value_row(lrow, grow, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps,
+def _value_row(lrow, grow, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps,
                u, c, w, need):
     """V of one node state: lrow (G,) shares left, grow (G,) models (u, c, w, need: scratch)."""
     k_n = g_d.shape[0]
@@ -61,13 +76,15 @@ def _value_row(lrow, grow, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, 
         lg = lrow[g]
         free += lg
         m = grow[g]
-        for k in range(k_n):
-            if allowed[m, k] and lg + eps >= g_d[k]:
-                u[k] += lg
-                c[k] += 1
+        for i in range(k_n):  # the groups a GPU of model m serves, by demand (a_ord: frag.allowed_order)
+            k = a_ord[m, i]
+            if k < 0 or lg + eps < g_d[k]:
+                break
+            u[k] += lg
+            c[k] += 1
     for k in range(k_n):
         need[k] = c[k] >= g_n[k] and u[k] != 0.0
-    _row_weights(cpu + eps, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w)
+    _row_weights(cpu + eps, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, need, w)
     v = 0.0
     for k in range(k_n):
         if need[k]:
@@ -76,8 +93,8 @@ def _value_row(lrow, grow, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, 
 
 
 @njit(cache=True, nogil=True)
-def _one_gpu_row(lrow, grow, shrow, crow, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
-                 softness, eps, u, c, w, need, un, scored, out):
+def _one_gpu_row(lrow, grow, shrow, crow, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
+                 softness, powtab, eps, u, c, w, need, un, scored, out):
     """out[j]: V of one node after taking shrow[j] from its GPU j, for each candidate j
     (crow); -inf elsewhere and for a candidate alike the one before it."""
     g_count = lrow.shape[0]
@@ -92,10 +109,12 @@ def _one_gpu_row(lrow, grow, shrow, crow, cpu, mem, allowed, g_d, g_n, g_need, s
         if shrow[g] > most:
             most = shrow[g]
         m = grow[g]
-        for k in range(k_n):
-            if allowed[m, k] and lg + eps >= g_d[k]:
-                u[k] += lg
-                c[k] += 1
+        for i in range(k_n):  # the groups a GPU of model m serves, by demand (a_ord: frag.allowed_order)
+            k = a_ord[m, i]
+            if k < 0 or lg + eps < g_d[k]:
+                break
+            u[k] += lg
+            c[k] += 1
     need[:] = False
     for j in range(g_count):
         out[j] = -np.inf
@@ -123,7 +142,7 @@ def _one_gpu_row(lrow, grow, shrow, crow, cpu, mem, allowed, g_d, g_n, g_need, s
             un[j, k] = x
             if x != 0.0:
                 need[k] = True
-    _row_weights(cpu + eps, mem, free - most, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, need, w)
+    _row_weights(cpu + eps, mem, free - most, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, need, w)
     for j in range(g_count):
         if scored[j]:
             v = 0.0
@@ -134,20 +153,20 @@ def _one_gpu_row(lrow, grow, shrow, crow, cpu, mem, allowed, g_d, g_n, g_need, s
 
 
 @njit(cache=True, nogil=True)
-def value(left, gmodel, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps):
+def value(left, gmodel, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps):
     """V for B node states (frag.FragModel.value)."""
     k_n = g_d.shape[0]
     out = np.zeros(left.shape[0])
     u, c, w, need = np.empty(k_n), np.empty(k_n, np.int64), np.empty(k_n), np.empty(k_n, np.bool_)
     for b in range(left.shape[0]):
-        out[b] = _value_row(left[b], gmodel[b], cpu[b], mem[b], allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem,
-                            s_p, s_ap, softness, eps, u, c, w, need)
+        out[b] = _value_row(left[b], gmodel[b], cpu[b], mem[b], allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem,
+                            s_p, s_ap, softness, powtab, eps, u, c, w, need)
     return out
 
 
 @njit(cache=True, nogil=True)
-def value_one_gpu(left, gmodel, share, cand, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p,
-                  s_ap, softness, eps):
+def value_one_gpu(left, gmodel, share, cand, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p,
+                  s_ap, softness, powtab, eps):
     """V after taking share[b, j] from GPU j of node b, for every candidate j; -inf
     elsewhere, and for a candidate alike the one before it (frag.FragModel.value_one_gpu)."""
     b_n, g_count = left.shape
@@ -157,8 +176,8 @@ def value_one_gpu(left, gmodel, share, cand, cpu, mem, allowed, g_d, g_n, g_need
     un = np.empty((g_count, k_n))
     scored = np.empty(g_count, np.bool_)
     for b in range(b_n):
-        _one_gpu_row(left[b], gmodel[b], share[b], cand[b], cpu[b], mem[b], allowed, g_d, g_n, g_need, s_start,
-                     s_cpu, s_mem, s_p, s_ap, softness, eps, u, c, w, need, un, scored, out[b])
+        _one_gpu_row(left[b], gmodel[b], share[b], cand[b], cpu[b], mem[b], allowed, a_ord, g_d, g_n, g_need, s_start,
+                     s_cpu, s_mem, s_p, s_ap, softness, powtab, eps, u, c, w, need, un, scored, out[b])
     return out
 
 
@@ -171,8 +190,8 @@ def _step(gain, step):
 
 @njit(cache=True, nogil=True)
 def _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_free, mem_usable, match, idle, open_,
-               shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg, allowed, g_d,
-               g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps, u, c, w, need, un, scored, one, shares,
+               shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg, allowed, a_ord, g_d,
+               g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps, u, c, w, need, un, scored, one, shares,
                cand, a):
     """One node's score, GPU and V after for score_rows (the rest: scratch)."""
     g_count = left.shape[1]
@@ -203,13 +222,13 @@ def _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_fr
     mem = np.float64(mem_usable[r]) - req_mem
     old = value_now[r]
     if kind == 0:
-        v = _value_row(left[r], gmodel[r], cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
-                       softness, eps, u, c, w, need)
+        v = _value_row(left[r], gmodel[r], cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
+                       softness, powtab, eps, u, c, w, need)
         after[r] = v
         score[r] = _step(v - old, step)
     elif kind == 1:
-        _one_gpu_row(left[r], gmodel[r], shares, cand, cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem,
-                     s_p, s_ap, softness, eps, u, c, w, need, un, scored, a)
+        _one_gpu_row(left[r], gmodel[r], shares, cand, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem,
+                     s_p, s_ap, softness, powtab, eps, u, c, w, need, un, scored, a)
         best = 0
         bv = a[0] + fraction
         for g in range(1, g_count):
@@ -228,25 +247,78 @@ def _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_fr
                 taken_n += 1
                 taken_sum += left[r, g]
                 one[g] = left[r, g] - left[r, g]
-        v = _value_row(one, gmodel[r], cpu, mem, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
-                       softness, eps, u, c, w, need)
+        v = _value_row(one, gmodel[r], cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
+                       softness, powtab, eps, u, c, w, need)
         if uniform[r]:
             after[r] = v
         score[r] = _step(v - old + taken_sum, step)
 
 
 @njit(cache=True, nogil=True)
+def _state_hash(r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free):
+    """A hash of what _score_row reads of node r (_same_state tells for sure)."""
+    h = np.int64(1469598103934665603) ^ np.int64(mem_usable[r]) ^ (np.int64(cpus_free[r] * 4096.0) << np.int64(40))
+    if schedulable[r]:
+        h ^= np.int64(0x5bd1e995)
+    for g in range(left.shape[1]):
+        x = np.int64(left[r, g] * 1048576.0) + (np.int64(gmodel[r, g]) << np.int64(24)) + shared_free[r, g]
+        x += np.int64(idle[r, g]) * 7 + np.int64(open_[r, g]) * 13
+        h = (h ^ x) * np.int64(1099511628211)
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _same_state(q, r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free, vram_total,
+                value_now):
+    """Do nodes q and r give every request the same score, GPU and V after: equal in all
+    _score_row reads (match and uniform follow from gmodel)?"""
+    if (schedulable[q] != schedulable[r] or cpus_free[q] != cpus_free[r] or mem_usable[q] != mem_usable[r]
+            or value_now[q] != value_now[r]):
+        return False
+    for g in range(left.shape[1]):
+        if (left[q, g] != left[r, g] or gmodel[q, g] != gmodel[r, g] or idle[q, g] != idle[r, g]
+                or open_[q, g] != open_[r, g] or shared_free[q, g] != shared_free[r, g]
+                or vram_total[q, g] != vram_total[r, g]):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, req_mem, schedulable, cpus_free,
                mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu,
-               after, step, neg, allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps):
+               after, step, neg, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab,
+               eps):
     """engine.Scheduler._compute_rows in one loop, for the requests most jobs make (no
     vram=): kind 0 CPU only, 1 one GPU's fraction (< 1) shared, 2 whole GPUs exclusive.
     Writes score, gpu and after at `rows`, as the numpy path does. With log_from <
     log_to, `rows` is Fleet.log_rows instead: the rows logged since log_from, each once
     (at its last entry, by `stamp`), skipping those this request already did not fit
-    (engine.Scheduler.scores: within a pass a node only loses capacity)."""
+    (engine.Scheduler.scores: within a pass a node only loses capacity).
+    Nodes in the same state (all the empty ones of a model, at first) are scored once:
+    the others copy the first one's results (_same_state: exactly equal inputs)."""
+    n = left.shape[0]
     g_count = left.shape[1]
     k_n = g_d.shape[0]
+    # the rows to score
+    if log_from >= log_to:
+        todo = rows
+    elif log_to - log_from > n:  # a long stretch of the log: one pass over the stamps
+        todo = np.empty(n, np.int64)
+        m = 0
+        for r in range(n):
+            if stamp[r] >= log_from and score[r] > neg:
+                todo[m] = r
+                m += 1
+        todo = todo[:m]
+    else:
+        todo = np.empty(log_to - log_from, np.int64)
+        m = 0
+        for i in range(log_from, log_to):
+            r = rows[i]
+            if stamp[r] == i and score[r] > neg:
+                todo[m] = r
+                m += 1
+        todo = todo[:m]
     u, c, w, need = np.empty(k_n), np.empty(k_n, np.int64), np.empty(k_n), np.empty(k_n, np.bool_)
     un = np.empty((g_count, k_n))
     scored = np.empty(g_count, np.bool_)
@@ -254,15 +326,31 @@ def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, r
     shares = np.full(g_count, fraction)
     cand = np.empty(g_count, np.bool_)
     a = np.empty(g_count)
-    logged = log_from < log_to
-    for i in range(log_from, log_to) if logged else range(rows.shape[0]):
-        r = rows[i]
-        if logged and (stamp[r] != i or not score[r] > neg):
+    size = 4
+    while size < 2 * todo.shape[0]:
+        size *= 2
+    table = np.full(size, -1, np.int64)  # open addressing: a scored row of each state seen
+    mask = np.int64(size - 1)
+    for r in todo:
+        slot = _state_hash(r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free) & mask
+        done = False
+        while table[slot] >= 0:
+            q = table[slot]
+            if _same_state(q, r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free,
+                           vram_total, value_now):
+                score[r] = score[q]
+                gpu[r] = gpu[q]
+                after[r] = after[q]
+                done = True
+                break
+            slot = (slot + 1) & mask
+        if done:
             continue
         _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_free, mem_usable, match, idle,
                    open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg,
-                   allowed, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, eps, u, c, w, need, un,
-                   scored, one, shares, cand, a)
+                   allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps, u, c,
+                   w, need, un, scored, one, shares, cand, a)
+        table[slot] = r
 
 
 @njit(cache=True, nogil=True)

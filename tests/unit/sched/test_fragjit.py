@@ -160,3 +160,60 @@ def test_a_node_s_score_gpu_and_value_after_are_the_numpy_path_s(numpy_forms):
             assert np.allclose(a.after, b.after, rtol=1e-12, atol=1e-12, equal_nan=True), req
             checked += int(np.isfinite(a.score).sum())
     assert checked > 100
+
+
+def test_nodes_are_one_state_only_when_every_input_of_their_score_is_equal():
+    """score_rows scores one node of each state and copies its results to the others
+    (fragjit._same_state): a node that differs in any one thing scoring reads is its own."""
+    from mtgpu.sched import fragjit
+
+    f = Fleet(ClusterSnapshot(nodes=[make_node(f"n{i}", [make_gpu(j, "a100", "80G") for j in range(2)])
+                                     for i in range(2)]))
+    value = np.zeros(2)
+
+    def arrays():
+        return dict(schedulable=f.schedulable.copy(), cpus_free=f.cpus_free.copy(), mem_usable=f.mem_usable.copy(),
+                    left=f.left.copy(), gmodel=f.gmodel.copy(), idle=f.idle.copy(), open_=f.open.copy(),
+                    shared_free=f.shared_free.copy(), vram_total=f.vram_total.copy(), value_now=value.copy())
+
+    def same(a):
+        return fragjit._same_state(0, 1, a["schedulable"], a["cpus_free"], a["mem_usable"], a["left"], a["gmodel"],
+                                   a["idle"], a["open_"], a["shared_free"], a["vram_total"], a["value_now"])
+
+    assert same(arrays())
+    changes = {"schedulable": False, "cpus_free": 3.5, "mem_usable": 1, "value_now": 1e-12}
+    for name, new in changes.items():
+        a = arrays()
+        a[name][1] = new
+        assert not same(a), name
+    for name, new in {"left": 0.75, "gmodel": 1, "idle": False, "open_": False, "shared_free": 5,
+                      "vram_total": 1}.items():
+        a = arrays()
+        a[name][1, 1] = new
+        assert not same(a), name
+
+
+def test_a_fleet_of_look_alike_nodes_is_scored_as_node_by_node(numpy_forms):
+    """Many nodes alike and a few that differ from them in one thing each: the compiled
+    scores (one per state) are the numpy path's (every node on its own)."""
+    from mtgpu.sched.engine import Scheduler
+
+    def node(i, **kw):
+        gpus = [make_gpu(j, "a100", "80G", **(kw.pop("gpu", {}) if j == 1 else {})) for j in range(2)]
+        return make_node(f"n{i}", gpus, cpus=16, mem="256G", **kw)
+    odd = [dict(cpus_committed=15.5), dict(mem_committed=255 * G), dict(schedulable=False, reason="drained"),
+           dict(gpu=dict(committed_fraction=0.5, shared_jobs=1)), dict(gpu=dict(exclusive=True)),
+           dict(gpu=dict(oversubscribed_jobs=1)), dict(gpu=dict(committed_vram="70G", shared_jobs=1))]
+    nodes = [node(i) for i in range(60)] + [node(60 + i, **kw) for i, kw in enumerate(odd)]
+    snap = ClusterSnapshot(nodes=nodes)
+    reqs = [RankRequest(0, 1.0, GpuMode.EXCLUSIVE, None, None, None, 1.0, G, "cpu"),
+            RankRequest(1, 0.25, GpuMode.SHARED, None, None, None, 1.0, G, "frac"),
+            RankRequest(2, 1.0, GpuMode.EXCLUSIVE, None, None, None, 1.0, G, "whole")]
+    compiled = Scheduler(snap)
+    assert compiled.frag.jit_form is not None
+    reference = numpy_forms(lambda: Scheduler(snap))
+    for req in reqs:
+        a, b = compiled.scores(req), reference.scores(req)
+        assert np.array_equal(a.score, b.score), req
+        assert np.array_equal(a.gpu, b.gpu), req
+        assert len(set(a.score[60:].tolist())) > 1  # the odd nodes did score otherwise
