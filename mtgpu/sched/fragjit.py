@@ -256,24 +256,30 @@ def _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_fr
 
 @njit(cache=True, nogil=True)
 def _state_hash(r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free):
-    """A hash of what _score_row reads of node r (_same_state tells for sure)."""
-    h = np.int64(1469598103934665603) ^ np.int64(mem_usable[r]) ^ (np.int64(cpus_free[r] * 4096.0) << np.int64(40))
+    """A hash of what _score_row reads of node r (_same_state tells for sure), its low bits
+    mixed from all of them (the inputs' own low bits are mostly 0: bytes in GiB, halves)."""
+    h = np.uint64(mem_usable[r]) ^ (np.uint64(np.int64(cpus_free[r] * 4096.0)) << np.uint64(40))
     if schedulable[r]:
-        h ^= np.int64(0x5bd1e995)
+        h ^= np.uint64(0x5bd1e995)
     for g in range(left.shape[1]):
-        x = np.int64(left[r, g] * 1048576.0) + (np.int64(gmodel[r, g]) << np.int64(24)) + shared_free[r, g]
-        x += np.int64(idle[r, g]) * 7 + np.int64(open_[r, g]) * 13
-        h = (h ^ x) * np.int64(1099511628211)
-    return h
+        x = (np.uint64(np.int64(left[r, g] * 1048576.0)) + (np.uint64(gmodel[r, g]) << np.uint64(24))
+             + np.uint64(shared_free[r, g]) + np.uint64(idle[r, g]) * np.uint64(7)
+             + np.uint64(open_[r, g]) * np.uint64(13))
+        h = (h ^ x) * np.uint64(1099511628211)
+    h ^= h >> np.uint64(30)  # splitmix64's finalizer
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    return np.int64(h & np.uint64(0x7FFFFFFFFFFFFFFF))
 
 
 @njit(cache=True, nogil=True)
-def _same_state(q, r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free, vram_total,
-                value_now):
-    """Do nodes q and r give every request the same score, GPU and V after: equal in all
-    _score_row reads (match and uniform follow from gmodel)?"""
-    if (schedulable[q] != schedulable[r] or cpus_free[q] != cpus_free[r] or mem_usable[q] != mem_usable[r]
-            or value_now[q] != value_now[r]):
+def _same_state(q, r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free, vram_total):
+    """Are nodes q and r in one state: equal in all _score_row reads (match and uniform follow
+    from gmodel), but V now, which is V of that state (to rounding: computed after another
+    placement, or by another form; engine._compute's dedupe by state id copies it alike)?"""
+    if schedulable[q] != schedulable[r] or cpus_free[q] != cpus_free[r] or mem_usable[q] != mem_usable[r]:
         return False
     for g in range(left.shape[1]):
         if (left[q, g] != left[r, g] or gmodel[q, g] != gmodel[r, g] or idle[q, g] != idle[r, g]
@@ -337,7 +343,7 @@ def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, r
         while table[slot] >= 0:
             q = table[slot]
             if _same_state(q, r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free,
-                           vram_total, value_now):
+                           vram_total):
                 score[r] = score[q]
                 gpu[r] = gpu[q]
                 after[r] = after[q]

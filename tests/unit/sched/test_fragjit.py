@@ -169,19 +169,17 @@ def test_nodes_are_one_state_only_when_every_input_of_their_score_is_equal():
 
     f = Fleet(ClusterSnapshot(nodes=[make_node(f"n{i}", [make_gpu(j, "a100", "80G") for j in range(2)])
                                      for i in range(2)]))
-    value = np.zeros(2)
-
     def arrays():
         return dict(schedulable=f.schedulable.copy(), cpus_free=f.cpus_free.copy(), mem_usable=f.mem_usable.copy(),
                     left=f.left.copy(), gmodel=f.gmodel.copy(), idle=f.idle.copy(), open_=f.open.copy(),
-                    shared_free=f.shared_free.copy(), vram_total=f.vram_total.copy(), value_now=value.copy())
+                    shared_free=f.shared_free.copy(), vram_total=f.vram_total.copy())
 
     def same(a):
         return fragjit._same_state(0, 1, a["schedulable"], a["cpus_free"], a["mem_usable"], a["left"], a["gmodel"],
-                                   a["idle"], a["open_"], a["shared_free"], a["vram_total"], a["value_now"])
+                                   a["idle"], a["open_"], a["shared_free"], a["vram_total"])
 
     assert same(arrays())
-    changes = {"schedulable": False, "cpus_free": 3.5, "mem_usable": 1, "value_now": 1e-12}
+    changes = {"schedulable": False, "cpus_free": 3.5, "mem_usable": 1}
     for name, new in changes.items():
         a = arrays()
         a[name][1] = new
