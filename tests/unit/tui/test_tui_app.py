@@ -240,9 +240,12 @@ def status_of(app) -> str:
     return str(app.query_one("#status").render())
 
 
-def test_create_waits_until_the_workspace_runs_as_mt_container_does(quick_waits):
+def test_create_waits_until_the_workspace_runs_as_mt_container_does(quick_waits, monkeypatch):
     """Not done while it is queued or its container not yet recorded: the status line says it
     waits, then that it runs (an 80x24 terminal)."""
+    # its eight queued looks end by themselves: never "stays queued" first, however slow the
+    # looks come on a busy machine (1.5 s could pass within them)
+    monkeypatch.setattr(workspace_wait, "QUEUED_WAIT_S", 600.0)
     client = FakeClient([make_node()], [], [make_workspace("web")])
     queued = make_workspace("w2", state="queued", container=None)
     queued["reason"] = "waiting for a GPU"
@@ -279,7 +282,10 @@ def test_a_workspace_that_stays_queued_says_why_and_keeps_its_place(quick_waits)
     asyncio.run(go())
 
 
-def test_a_start_that_stops_instead_says_why_with_the_end_of_its_output(quick_waits):
+def test_a_start_that_stops_instead_says_why_with_the_end_of_its_output(quick_waits, monkeypatch):
+    # it stops at the fourth look: never counted as up before that, however slow the looks
+    # come on a busy machine (with 0.3 s, three looks 0.1 s apart could outlast it)
+    monkeypatch.setattr(workspace_wait, "REMOTE_SETTLE_S", 600.0)
     client = FakeClient([make_node()], [], [make_workspace("web", state="stopped")])
     stopped = make_workspace("web", state="stopped", container="mtgpu-ws99")
     stopped["reason"] = "its command ended (exit 127)"
