@@ -73,7 +73,7 @@ class Fleet:
         self.idle = np.zeros((n, g), dtype=bool)
         self.open = np.zeros((n, g), dtype=bool)  # present and not held exclusively
         self.left = np.zeros((n, g), dtype=np.float64)  # share left for shared jobs (0 if exclusive)
-        self.left_sum = np.zeros(n, dtype=np.float64)  # per node, summed as left[rows].sum(axis=1) would
+        self.left_sum = np.zeros(n, dtype=np.float64)  # per node, its slots added in order (row_sum)
         self.shared_free = np.zeros((n, g), dtype=np.int64)
         self.meas_free = np.zeros((n, g), dtype=np.int64)
         self.load = np.zeros((n, g), dtype=np.float64)  # for oversubscribe: utilization + used share
