@@ -153,7 +153,7 @@ def test_a_member_serves_the_relay_itself_with_relay_listen(tmp_path):
                       DIRECTLINK={"relays": [relay_at], "relay_listen": relay_at}) as node:
         try:
             r = node.admin("tenant", "invite", name, "--json")
-            assert r.returncode == 0, r.stderr
+            assert r.returncode == 0, r.stderr + node.server_log()[-3000:]  # the member's log: why no leader yet
             env = client_env(home)
             cli = [sys.executable, "-m", "mtgpu.cli.remotegpu", "--home", str(home)]
             r = subprocess.run(cli + ["join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}"],

@@ -55,7 +55,7 @@ def join(node: Node, name: str, home: Path, program: Path | None = None) -> dict
     """`mtgpu-admin tenant invite NAME`, `remotegpu-cli join CODE --server` the node (on
     loopback) from `home`: the join's answer (its --json). `program`: as for remotegpu()."""
     r = node.admin("tenant", "invite", name, "--json")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr + node.server_log()[-3000:]
     r = remotegpu(home, "join", json.loads(r.stdout)["code"], "--server", f"127.0.0.1:{node.port}", "--json",
                   program=program)
     assert r.returncode == 0, r.stderr + node.server_log()[-2000:]
