@@ -65,10 +65,9 @@ def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, sof
 
 
 @njit(cache=True, nogil=True)
-def _value_row(lrow, grow, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps,
-               u, c, w, need):
-    """V of one node state: lrow (G,) shares left, grow (G,) models (u, c, w, need: scratch)."""
-    k_n = g_d.shape[0]
+def _group_shares(lrow, grow, a_ord, g_d, eps, u, c):
+    """Per group k: u[k] the share left on the node's GPUs that can take one of its jobs, c[k]
+    how many such GPUs; returns the node's share left in all."""
     u[:] = 0.0
     c[:] = 0
     free = 0.0
@@ -76,12 +75,21 @@ def _value_row(lrow, grow, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, 
         lg = lrow[g]
         free += lg
         m = grow[g]
-        for i in range(k_n):  # the groups a GPU of model m serves, by demand (a_ord: frag.allowed_order)
+        for i in range(a_ord.shape[1]):  # the groups a GPU of model m serves, by demand (frag.allowed_order)
             k = a_ord[m, i]
             if k < 0 or lg + eps < g_d[k]:
                 break
             u[k] += lg
             c[k] += 1
+    return free
+
+
+@njit(cache=True, nogil=True)
+def _value_row(lrow, grow, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps,
+               u, c, w, need):
+    """V of one node state: lrow (G,) shares left, grow (G,) models (u, c, w, need: scratch)."""
+    k_n = g_d.shape[0]
+    free = _group_shares(lrow, grow, a_ord, g_d, eps, u, c)
     for k in range(k_n):
         need[k] = c[k] >= g_n[k] and u[k] != 0.0
     _row_weights(cpu + eps, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, need, w)
@@ -99,22 +107,11 @@ def _one_gpu_row(lrow, grow, shrow, crow, cpu, mem, allowed, a_ord, g_d, g_n, g_
     (crow); -inf elsewhere and for a candidate alike the one before it."""
     g_count = lrow.shape[0]
     k_n = g_d.shape[0]
-    u[:] = 0.0
-    c[:] = 0
-    free = 0.0
+    free = _group_shares(lrow, grow, a_ord, g_d, eps, u, c)
     most = -np.inf
     for g in range(g_count):
-        lg = lrow[g]
-        free += lg
         if shrow[g] > most:
             most = shrow[g]
-        m = grow[g]
-        for i in range(k_n):  # the groups a GPU of model m serves, by demand (a_ord: frag.allowed_order)
-            k = a_ord[m, i]
-            if k < 0 or lg + eps < g_d[k]:
-                break
-            u[k] += lg
-            c[k] += 1
     need[:] = False
     for j in range(g_count):
         out[j] = -np.inf
