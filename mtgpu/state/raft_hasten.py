@@ -12,7 +12,11 @@ leader is gone, and the voter brings its election forward to `rank x HASTEN_STEP
 from now, its rank among the remaining voters by address. The first stands at once; if
 its log is behind, the next one's vote is refused and it stands itself one step later,
 when the first votes for it (a vote resets the voter's own timeout, so nobody else
-stands). Anything else (the port answers, or the probe times out: a machine that is
+stands). A port that still answers is asked again every PROBE_GAP_S for PROBE_WINDOW_S,
+while the leader stays disconnected in the same term: a leader that stops in good order
+(pysyncobj's destroy) drops its connections before it closes its listening socket, and
+on a busy machine the first probe can land between the two (a loaded suite run saw it).
+Anything else (the port answers throughout, or the probe times out: a machine that is
 down or a network that drops the packets) leaves Raft to its timeout, as before. Only
 the timing changes, never a rule of Raft: the vote, terms and logs decide as always,
 and a voter that was wrong costs one election.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from typing import Callable
 
 from pysyncobj.monotonic import monotonic  # pysyncobj's clock (CLOCK_MONOTONIC_RAW), not time.monotonic's
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 
 HASTEN_STEP_S = 0.15  # between the ranks' elections: over pysyncobj's 50 ms tick and a vote's round trip
 PROBE_TIMEOUT_S = 0.3  # a leader's machine that answers nothing in this time: Raft's timeout decides
+PROBE_GAP_S = 0.1  # between the probes of a port that still answered
+PROBE_WINDOW_S = 1.5  # how long a port that answers is asked again (a leader closing in good order)
 
 
 def port_refused(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -64,10 +71,12 @@ class ElectionHastener:
     pysyncobj's thread)."""
 
     def __init__(self, sync_of: Callable[[], object], post: Callable[[Callable], None],
-                 probe: Callable[[str, int], bool] = port_refused) -> None:
+                 probe: Callable[[str, int], bool] = port_refused, gap_s: float = PROBE_GAP_S,
+                 window_s: float = PROBE_WINDOW_S) -> None:
         self._sync_of = sync_of
         self._post = post
         self._probe = probe
+        self._gap_s, self._window_s = gap_s, window_s
         self.hastened = 0  # elections brought forward since start (read by tests)
 
     def peer_lost(self, node) -> None:
@@ -83,8 +92,26 @@ class ElectionHastener:
                          daemon=True).start()
 
     def _check(self, sync, node, term: int) -> None:
-        if self._probe(node.ip, node.port):
-            self._post(lambda s: self._hasten(s, sync, node, term))
+        """In its own thread: probe until refused, the window ends, or the leader is back
+        (connected again, or a new term: Raft moved on without us)."""
+        end = time.monotonic() + self._window_s
+        while True:
+            if self._probe(node.ip, node.port):
+                self._post(lambda s: self._hasten(s, sync, node, term))
+                return
+            if time.monotonic() + self._gap_s > end or not self._still_lost(sync, node, term):
+                return
+            time.sleep(self._gap_s)
+
+    @staticmethod
+    def _still_lost(sync, node, term: int) -> bool:
+        """Read from the probe's thread (plain attribute reads; pysyncobj's thread may change
+        them meanwhile, and _hasten checks again on that thread before acting)."""
+        try:
+            return (sync.raftCurrentTerm == term and sync._getLeader() == node
+                    and node not in sync._SyncObj__connectedNodes)
+        except Exception:  # noqa: BLE001 - a set changing size under the read: ask again next time
+            return True
 
     def _hasten(self, current, sync, node, term: int) -> None:
         """On pysyncobj's thread: bring this voter's election forward, if nothing changed since."""

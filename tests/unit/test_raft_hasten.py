@@ -56,14 +56,15 @@ def hastener_threads():
     return [t for t in threading.enumerate() if t.name == "raft-leader-probe"]
 
 
-def make(sync, refused: bool, probes: list):
+def make(sync, refused, probes: list, window_s: float = 0.0):
+    """`refused`: a bool for every probe, or a callable of the probe's number (0, 1, ...)."""
     jobs: list = []
 
     def probe(host, port):
         probes.append((host, port))
-        return refused
+        return refused(len(probes) - 1) if callable(refused) else refused
 
-    return ElectionHastener(lambda: sync, jobs.append, probe=probe), jobs
+    return ElectionHastener(lambda: sync, jobs.append, probe=probe, gap_s=0.01, window_s=window_s), jobs
 
 
 def test_a_lost_leader_whose_port_refuses_brings_the_election_forward_by_rank():
@@ -100,6 +101,36 @@ def test_nothing_changes_when_the_port_answers_or_another_member_is_lost_or_the_
     sync.raftCurrentTerm += 1
     run(h, jobs, sync)
     assert h.hastened == 0 and sync._SyncObj__raftElectionDeadline == before
+
+
+def test_a_port_that_still_answers_is_asked_again_until_it_refuses_within_the_window():
+    """pysyncobj's destroy drops the connections before it closes the listening socket:
+    the first probe of a leader stopping in good order can be accepted (a loaded suite run)."""
+    sync, nodes = fake_sync("127.0.0.1:3", ["127.0.0.1:1", "127.0.0.1:2"], leader="127.0.0.1:1")
+    probes: list = []
+    h, jobs = make(sync, refused=lambda i: i >= 3, probes=probes, window_s=5.0)
+    before = sync._SyncObj__raftElectionDeadline
+    h.peer_lost(nodes["127.0.0.1:1"])
+    run(h, jobs, sync)
+    assert len(probes) == 4 and h.hastened == 1
+    assert sync._SyncObj__raftElectionDeadline < before
+
+
+def test_the_probes_stop_at_the_window_or_once_the_leader_is_back():
+    sync, nodes = fake_sync("127.0.0.1:3", ["127.0.0.1:1", "127.0.0.1:2"], leader="127.0.0.1:1")
+    probes: list = []
+    h, jobs = make(sync, refused=False, probes=probes, window_s=0.2)
+    before = sync._SyncObj__raftElectionDeadline
+    h.peer_lost(nodes["127.0.0.1:1"])  # answers throughout: a live leader, only the connection broke
+    run(h, jobs, sync)
+    assert 2 <= len(probes) <= 21 and h.hastened == 0 and sync._SyncObj__raftElectionDeadline == before
+
+    probes.clear()
+    h, jobs = make(sync, refused=lambda i: (sync._SyncObj__connectedNodes.add(nodes["127.0.0.1:1"]), False)[1],
+                   probes=probes, window_s=5.0)
+    h.peer_lost(nodes["127.0.0.1:1"])  # it answers, and its connection is back: nothing more to ask
+    run(h, jobs, sync)
+    assert len(probes) == 1 and h.hastened == 0
 
 
 def test_a_non_voting_member_stands_for_nothing():
