@@ -357,7 +357,9 @@ class RaftState:
 
             self.apply_async(command, callback)
             if not done.wait(max(0.0, deadline - time.monotonic())):
-                raise ReplicationError("the cluster did not commit the change in time (no quorum reachable?)")
+                why = self.bind_problem()
+                raise ReplicationError("the cluster did not commit the change in time "
+                                       + (f"({why})" if why else "(no quorum reachable?)"))
             result, error = outcome[0]
             if error is None:
                 return result
@@ -466,6 +468,11 @@ class RaftState:
         if self.self_address:
             nodes.add(self.self_address)
         return sorted(nodes)
+
+    def bind_problem(self) -> str:
+        """Why this member cannot bind its Raft port, or "" (raft_route.py)."""
+        transport = getattr(getattr(self, "_sync", None), "_SyncObj__transport", None)
+        return getattr(transport, "bind_problem", "") or ""
 
     def is_voter(self) -> bool:
         return self.self_address is not None

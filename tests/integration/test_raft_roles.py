@@ -5,9 +5,13 @@ reads never go back in time, and the promoted voter counts for the majority."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
+import socket
 import threading
 import time
+
+import pytest
 
 from mtgpu.state import commands as C
 from mtgpu.state.raft import RaftState
@@ -198,3 +202,34 @@ def test_a_leader_whose_process_is_gone_is_replaced_without_waiting_out_the_time
         # The logs are equal, so the first to stand wins the first election after the leader's.
         assert new.term() == term + 1, (term, new.term())
         register(new, "n1")  # the new leader commits
+
+
+def test_a_raft_port_held_by_another_process_is_named_and_the_member_leads_once_it_is_free(tmp_path, caplog):
+    """pysyncobj retries a failed bind every second without a word, and a voter that never
+    binds never stands: a one-member cluster whose Raft port another process held answered
+    its first command "no quorum reachable?" (a loaded suite run). Now the refusal names the
+    port, and the member leads as soon as the port is free."""
+    port = free_port_pair()
+    address = f"127.0.0.1:{port}"
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))  # pysyncobj binds every interface: this one is enough to refuse it
+    holder.listen()
+    store = None
+    try:
+        with caplog.at_level(logging.ERROR, logger="mtgpu.state.raft_route"):
+            store = RaftState(tmp_path / "r", address, [address], secrets.token_urlsafe(48))
+            with pytest.raises(ReplicationError) as refused:
+                store.apply(C.command(C.NODE_REGISTER, name="n0", at=1.0, gpus=[], cpus=1.0,
+                                      mem_total_bytes=1 << 30), timeout_s=3.0)
+        assert f"cannot bind its Raft port 0.0.0.0:{port}" in str(refused.value), refused.value
+        assert "stop the process that holds the port" in str(refused.value)
+        assert store.bind_problem() and any("cannot bind its Raft port" in r.getMessage() for r in caplog.records)
+        assert not store.is_leader()
+        holder.close()
+        leader_of([store])
+        register(store, "n0")
+        assert store.bind_problem() == ""
+    finally:
+        holder.close()
+        if store is not None:
+            store.close()

@@ -308,7 +308,8 @@ class ClusterLink:
     def raft_info(self) -> dict:
         return {"cluster_id": self.config.CLUSTER_ID, "leader": self.store.leader_address(), "term": self.store.term(),
                 "voter": self.store.is_voter(),
-                "voters": self.store.voters(), "is_leader": self.store.is_leader()}
+                "voters": self.store.voters(), "is_leader": self.store.is_leader(),
+                "bind_problem": self.store.bind_problem()}
 
     def voter_names(self) -> list[str]:
         by_addr = {advertised(n.address): n.name for n in self.store.machine.nodes.values() if n.address}
@@ -501,7 +502,11 @@ class ClusterLink:
         with self.store.lock:
             here = sum(1 for j in self.store.machine.running_jobs()
                        if any(a.node == self.node_name for a in j.allocations))
-        return decide(replace(facts, jobs_here=here))
+        standing = decide(replace(facts, jobs_here=here))
+        bind = self.store.bind_problem()
+        if bind:  # the cause, when it is this member's own Raft port (raft_route.py)
+            standing = replace(standing, problem=f"{standing.problem}; {bind}")
+        return standing
 
     def _say_standing(self) -> None:
         """One line in the log when this member, once in touch, is cut off from its cluster
