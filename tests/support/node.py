@@ -40,21 +40,59 @@ def _ephemeral_start() -> int:
         return 32768
 
 
+# Ports handed out by free_port, to any process of the suite on this machine: a file per
+# port holding the pid of the process that took it. The suite runs several pytest processes
+# side by side (scripts/test.sh) and each picks ports at random: a port picked by one and
+# not yet bound (a server still starting on a busy machine) was free to the other's pick. A
+# loaded run once gave a one-member cluster's Raft port to another test's relay: that
+# member never led. A port stays taken while its process lives; a dead one's are free again.
+PORTS_TAKEN_DIR = Path(tempfile.gettempdir()) / "mtgpu-test-ports"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _taken(port: int) -> bool:
+    try:
+        pid = int((PORTS_TAKEN_DIR / str(port)).read_text() or "0")
+    except (FileNotFoundError, ValueError):
+        return False
+    return pid != 0 and _pid_alive(pid)
+
+
 def free_port(count: int = 1) -> int:
     """A free port p (and p+1 .. p+count-1) on 127.0.0.1, below the kernel's ephemeral
     range: a server that restarts must get its port back, and an ephemeral port can be
-    taken meanwhile as the source port of any outgoing connection on the machine."""
+    taken meanwhile as the source port of any outgoing connection on the machine. Never
+    one that a live process of the suite took before (PORTS_TAKEN_DIR)."""
+    import fcntl
+
     hi = _ephemeral_start() - count
     lo = max(1024, hi - 20000)
-    for _ in range(200):
-        p = lo + secrets.randbelow(hi - lo)
-        try:
-            for q in range(p, p + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", q))
-        except OSError:
-            continue
-        return p
+    PORTS_TAKEN_DIR.mkdir(mode=0o755, exist_ok=True)
+    with open(PORTS_TAKEN_DIR / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one picker at a time, across the suite's processes
+        for _ in range(400):
+            p = lo + secrets.randbelow(hi - lo)
+            ports = range(p, p + count)
+            if any(_taken(q) for q in ports):
+                continue
+            try:
+                for q in ports:
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", q))
+            except OSError:
+                continue
+            for q in ports:
+                (PORTS_TAKEN_DIR / str(q)).write_text(str(os.getpid()))
+            return p
     raise RuntimeError(f"no {count} free port(s) in {lo}-{hi + count}")
 
 
