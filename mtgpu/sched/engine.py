@@ -330,6 +330,10 @@ class Scheduler:
         (the earlier alternative on a tie); a gang takes the first alternative all of
         whose ranks fit."""
         reqs = self.requests(spec)
+        if holds is None and len(reqs) == 1 and spec.nodes == 1:
+            placed = self._place_fast(spec, reqs[0], job_id)
+            if placed is not _UNKNOWN:
+                return placed
         if len(reqs) > 1 and spec.nodes == 1:
             ranked = []
             for i, req in enumerate(reqs):
@@ -344,6 +348,38 @@ class Scheduler:
             if allocs is not None:
                 return allocs
         return None
+
+    def _place_fast(self, spec: JobSpec, req: RankRequest, job_id: int):
+        """`place` for most jobs (one rank, no holds, no pins, a compiled kind of request whose
+        scores exist): the scores brought up to date and the node picked in one compiled call
+        (fragjit.score_and_pick: the same choice _place_ranks makes); _UNKNOWN where it does
+        not apply, and the general path decides."""
+        k = self.frag.jit_form
+        s = self._scores.get(req)
+        if k is None or s is None or self.pinned(spec) is not None:
+            return _UNKNOWN
+        kind = self._jit_kind(req)
+        if kind < 0:
+            return _UNKNOWN
+        f = self.fleet
+        to = len(f.log)
+        row = k.score_and_pick(
+            kind, f.log_rows, s.pos, to, f.stamp, req.gpu_count, float(req.fraction), float(req.cpus),
+            int(req.mem_bytes), f.schedulable, f.cpus_free, f.mem_usable, f.match_slots(req.vendor, req.model), f.idle,
+            f.open, f.shared_free, f.vram_total, f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after,
+            float(SCORE_STEP), NEG, *self.frag.jit_args, f.left_sum, int(job_id), _HASH, TIE_EPS)
+        s.pos = to
+        if row == -1:
+            return None  # it fits nowhere (as _place_ranks finds)
+        if row < 0:
+            return _UNKNOWN
+        alloc = self._alloc_on(row, req, int(s.gpu[row]))
+        if alloc is None:  # the arrays and the node disagree: as _place_ranks, that node no more
+            s.score[row] = NEG
+            return self._place_ranks(spec, req, job_id, None)
+        self.fleet.states[row].take(alloc)
+        self._refresh(row, alloc, float(s.after[row]))
+        return (alloc,)
 
     def fits_now(self, spec: JobSpec) -> bool:
         """Would it fit now if nothing were held?"""

@@ -379,6 +379,52 @@ def top(cand, tie_eps):
     return best, ties
 
 
+@njit(cache=True, nogil=True)
+def score_and_pick(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, req_mem, schedulable, cpus_free,
+                   mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu,
+                   after, step, neg, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness,
+                   powtab, eps, left_sum, job_id, tie_hash, tie_eps):
+    """score_rows over the log since log_from, then the node engine._place_ranks picks for a
+    one-rank job with no holds and no pins (engine.Scheduler._place_fast), in one call: the
+    best score, the nodes within tie_eps of it (a CPU-only job: of those, the ones with the
+    least GPU share left), and among them the (job_id x tie_hash mod n)-th. -1: it fits
+    nowhere; -2: a score is NaN (the caller takes the general path, which says so)."""
+    if log_from < log_to:
+        score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, req_mem, schedulable, cpus_free,
+                   mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now, score,
+                   gpu, after, step, neg, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness,
+                   powtab, eps)
+    best = -np.inf
+    for x in score:
+        if x != x:
+            return -2
+        if x > best:
+            best = x
+    if best == neg:
+        return -1
+    low = best - tie_eps
+    n = 0
+    least = np.inf
+    for i in range(score.shape[0]):
+        if score[i] >= low:
+            n += 1
+            if left_sum[i] < least:
+                least = left_sum[i]
+    by_left = n > 1 and kind == 0
+    if by_left:
+        n = 0
+        for i in range(score.shape[0]):
+            if score[i] >= low and left_sum[i] <= least + tie_eps:
+                n += 1
+    pick = ((job_id % n) * (tie_hash % n)) % n if n > 1 else 0
+    for i in range(score.shape[0]):
+        if score[i] >= low and (not by_left or left_sum[i] <= least + tie_eps):
+            if pick == 0:
+                return i
+            pick -= 1
+    return -2
+
+
 def warm() -> None:
     """Compile (or load) every form a pass uses, with the types it passes: a tiny fleet of
     frag.JIT_MIN_NODES nodes places a job of each kind. scripts/install.sh runs it, so a

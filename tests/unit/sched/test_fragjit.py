@@ -215,3 +215,55 @@ def test_a_fleet_of_look_alike_nodes_is_scored_as_node_by_node(numpy_forms):
         assert np.array_equal(a.score, b.score), req
         assert np.array_equal(a.gpu, b.gpu), req
         assert len(set(a.score[60:].tolist())) > 1  # the odd nodes did score otherwise
+
+
+def test_the_one_call_placement_picks_the_node_the_general_path_picks(monkeypatch):
+    """engine._place_fast (fragjit.score_and_pick: scores, best, ties, a CPU-only job's least
+    GPU share left, the job id's pick) places every job where _place_ranks does: the same
+    jobs on two schedulers, one of them with the fast path off."""
+    from mtgpu.sched import engine
+    from mtgpu.sched.engine import Scheduler
+
+    monkeypatch.setattr(frag, "JIT_MIN_NODES", 0)
+    rng = random.Random(2804)
+    nodes = []
+    for i in range(40):  # alike nodes, so that CPU-only jobs tie and the least GPU share left decides
+        model, vram = rng.choice(MODELS[:2])
+        nodes.append(make_node(f"n{i}", [make_gpu(j, model, vram) for j in range(rng.choice([1, 2, 4]))],
+                               cpus=64, mem="512G"))
+    snap = ClusterSnapshot(nodes=nodes)
+    specs = []
+    for _ in range(600):
+        kind = rng.choice(["cpu", "cpu", "frac", "whole", "model"])
+        if kind == "cpu":
+            specs.append(JobSpec(cpus=rng.choice([1, 2]), mem_bytes=G))
+        elif kind == "frac":
+            specs.append(JobSpec(gpus=(GpuAlternative(rng.choice([0.25, 0.5]), None, None),), cpus=1, mem_bytes=G,
+                                 gpu_mode=GpuMode.SHARED))
+        else:
+            n = rng.choice([1, 2])
+            specs.append(JobSpec(gpus=(GpuAlternative(float(n), "a100" if kind == "model" else None, None),),
+                                 cpus=1, mem_bytes=G))
+    fast, general = Scheduler(snap), Scheduler(snap)
+    assert fast.frag.jit_form is not None
+    calls = []
+    real = Scheduler._place_fast
+
+    def counted(self, *a):
+        if self is not fast:
+            return engine._UNKNOWN
+        placed = real(self, *a)
+        if placed is not engine._UNKNOWN:
+            calls.append(1)
+        return placed
+    monkeypatch.setattr(Scheduler, "_place_fast", counted)
+
+    def where(placed):
+        return None if placed is None else [(a.node, [(g.index, g.fraction) for g in a.gpus]) for a in placed]
+    placed_any = 0
+    for i, spec in enumerate(specs):
+        job_id = i + 1 + (rng.choice([0, 1 << 40]))  # ids past 32 bits: the pick's arithmetic must not wrap
+        a, b = where(fast.place(spec, job_id)), where(general.place(spec, job_id))
+        assert a == b, (i, spec, a, b)
+        placed_any += a is not None
+    assert placed_any > 200 and len(calls) > 300  # it placed, and mostly by the fast path
