@@ -243,7 +243,13 @@ class CgroupManager:
             return self.unavailable.get("devices")
         if "devices" in self.bases:
             return None
-        return f"the devices cgroup is not usable ({self.unavailable.get('devices', 'no writable cgroup hierarchy')})"
+        return f"the devices cgroup is not usable ({self.unavailable.get('devices') or self.no_hierarchy()})"
+
+    def no_hierarchy(self) -> str:
+        """Why no hierarchy is usable, with what detection met (a read-only /sys/fs/cgroup,
+        a controller not delegated...): "no writable cgroup hierarchy" alone hid it."""
+        reasons = sorted(set(self.unavailable.values()))
+        return "no writable cgroup hierarchy" + (f" ({'; '.join(reasons)})" if reasons else "")
 
     # -- per job -----------------------------------------------------------------
     def create(self, job_id: int, *, cpus: float | None, mem_bytes: int | None,
@@ -467,7 +473,7 @@ class CgroupManager:
         work is not weighted above its jobs here (it still runs, at an equal share)."""
         pid = pid or os.getpid()
         if not self.bases:
-            return "no writable cgroup hierarchy"
+            return self.no_hierarchy()
         problems = []
         for ctrl, group in self._join_sibling(SERVICES_SUFFIX, pid, problems).items():
             self.services[ctrl] = group
