@@ -27,6 +27,7 @@ tried once at construction (`device_fencing_problem()`).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import stat
@@ -36,6 +37,8 @@ from pathlib import Path
 
 from mtgpu.agent import procs, state_key
 from mtgpu.agent.runners import devbpf
+
+log = logging.getLogger(__name__)
 
 V1_CONTROLLERS = ("memory", "cpu", "pids", "devices", "freezer", "cpuacct")  # cpuacct: usage (idle culling)
 V2_CONTROLLERS = ("memory", "cpu", "pids")
@@ -47,6 +50,7 @@ CPU_PERIOD_US = 100_000
 SERVICES_CPU_WEIGHT = 20
 SERVICES_SUFFIX = "-services"
 SESSIONS_SUFFIX = "-sessions"  # the tenant sshd and its sessions: tenants' work, at the jobs' weight
+NEIGHBOURS_SUFFIX = "-neighbours"  # v2: other processes that shared the member's group (_move_neighbours)
 
 
 # What every container may open besides its own GPUs' nodes (its allow-list; runc's own for a
@@ -135,6 +139,7 @@ class CgroupManager:
         self._sessions_deny: list[tuple[str, int, int]] = []  # fence_sessions(): every GPU's device nodes
         self._sessions_fenced: set[str] = set()  # hierarchies whose sessions group has that denial
         self._sessions_open = False  # open_sessions(): SESSION_GPUS = "all", the group denies nothing
+        self.moved_neighbours: list[int] = []  # v2: pids moved out of the member's group (_move_neighbours)
         if os.path.exists(os.path.join(root, "cgroup.controllers")):
             self.version = "v2"
             self._detect_v2(Path(root))
@@ -221,7 +226,12 @@ class CgroupManager:
                     leaf.mkdir(exist_ok=True)
                     _write(leaf / "cgroup.procs", str(os.getpid()))
                     self._held, self.services["unified"] = os.getpid(), leaf
-                    _write(own_dir / "cgroup.subtree_control", enable)
+                    try:
+                        _write(own_dir / "cgroup.subtree_control", enable)
+                    except OSError as e2:
+                        if e2.errno != errno.EBUSY:
+                            raise
+                        self._move_neighbours(own_dir, enable)
             base = own_dir / self.parent
             base.mkdir(exist_ok=True)
             if wanted:
@@ -236,6 +246,35 @@ class CgroupManager:
         if why:
             self.unavailable["devices"] = ("cgroup v2 has no devices controller and a device eBPF program "
                                            f"cannot be used: {why}")
+
+    def _move_neighbours(self, own_dir: Path, enable: str, tries: int = 3) -> None:
+        """The member's group still holds other processes (it was started from a shell or a
+        wrapper such as `timeout`, not as a service of its own; a real H200 machine's
+        runner did this): cgroup v2 enables controllers only in a group with no process of
+        its own, so they go into a leaf of that group, `<own>/<parent>-neighbours`, as
+        Docker's dind does. They stay inside the member's group, under every limit set on
+        it. Raises the last OSError when the group still will not take the controllers."""
+        leaf = own_dir / (self.parent + NEIGHBOURS_SUFFIX)
+        leaf.mkdir(exist_ok=True)
+        for attempt in range(tries):
+            for pid in _read(own_dir / "cgroup.procs").split():
+                try:
+                    _write(leaf / "cgroup.procs", pid)
+                    self.moved_neighbours.append(int(pid))
+                except OSError:  # gone meanwhile, or a kernel thread: the next write tells
+                    pass
+            try:
+                _write(own_dir / "cgroup.subtree_control", enable)
+            except OSError as e:
+                if e.errno != errno.EBUSY or attempt == tries - 1:
+                    raise
+                continue
+            if self.moved_neighbours:
+                log.warning("cgroup v2: %d other process(es) shared this member's group %s (pids %s): moved into %s, "
+                            "since controllers can be enabled only in a group without processes of its own (a member "
+                            "started from a shell rather than as a service)", len(self.moved_neighbours), own_dir,
+                            " ".join(map(str, self.moved_neighbours[:10])), leaf)
+            return
 
     def device_fencing_problem(self) -> str | None:
         """Why jobs cannot be denied GPU device nodes here; None when they can."""
@@ -630,6 +669,7 @@ class CgroupManager:
             self._held = None
         siblings = {*self.services.values(), *(b.with_name(self.parent + suffix) for b in self.bases.values()
                                                for suffix in (SERVICES_SUFFIX, SESSIONS_SUFFIX))}
+        siblings |= {own / (self.parent + NEIGHBOURS_SUFFIX) for own in self._own_dirs.values()}
         for group in [*siblings, *self.bases.values()]:  # (a member killed earlier left its own: gone if empty)
             try:
                 group.rmdir()
