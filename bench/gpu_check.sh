@@ -18,7 +18,9 @@
 #               ~16 GiB held, bf16 matmuls (TFLOP/s); state, exit code and log
 #     telemetry while it runs, `mtgpu-admin nodes --json` must show the job's memory on the GPU
 #   5 refusal   `gpus=1 vram=500G` is refused at submit (exit status 2, with the reason)
-#   6 cleanup   (always, also on failure or timeout) job cancelled, tenant removed, server stopped,
+#   6 fence     a CPU-only job (cpus=1 mem=2G) cannot open /dev/nvidia0, and its cgroup says
+#               memory.max 2 GiB (SKIP in the dry run where there is no /dev/nvidia0)
+#   7 cleanup   (always, also on failure or timeout) job cancelled, tenant removed, server stopped,
 #               temporary folders removed
 # Everything ends within MTGPU_CHECK_BUDGET_S (default 290 s) plus at most ~60 s of cleanup. $OUT gets at most 7 files:
 # check.log (this output), server.log, nodes.txt, poll.tsv, job.json, job.log, summary.txt.
@@ -188,7 +190,7 @@ cleanup() {
   banner "summary ($(elapsed)s)"
   local failed=0
   for r in "${RESULTS[@]}"; do echo "$r"; case "$r" in FAIL*) failed=$((failed + 1));; esac; done
-  for s in install node gpus tenant python job telemetry refusal; do
+  for s in install node gpus tenant python job telemetry refusal fence; do
     case " ${STEPS[*]} " in *" $s "*) ;; *) echo "FAIL $s: not reached"; failed=$((failed + 1));; esac
   done
   local mode="real GPU"; [ "$SIM" = 1 ] && mode="SIMULATED GPU (dry run)"
@@ -545,5 +547,48 @@ ref=$(T=40 as_tenant "$BIN/mt-job" submit impossible.sh 2>&1); ref_rc=$?
 echo "$ref"; echo "(exit status $ref_rc)"
 if [ $ref_rc = 2 ] && echo "$ref" | grep -qi "refused"; then record refusal PASS "exit 2: $(echo "$ref" | tail -1 | cut -c1-160)"
 else record refusal FAIL "exit status $ref_rc (wanted 2 and the reason)"; fi
+
+# ------------------------------------------------------------------ 6 a job without GPUs is fenced
+banner "6 a CPU-only job (cpus=1 mem=2G): no GPU device node opens, its cgroup has its limits"
+cat > "$THOME/fence.sh" <<EOF
+#!/bin/bash
+#MTGPU cpus=1 mem=2G name=fence time=2m
+echo "cgroup: \$(tail -1 /proc/self/cgroup)"
+cg=/sys/fs/cgroup\$(tail -1 /proc/self/cgroup | cut -d: -f3)
+for f in memory.max cpu.max pids.max; do [ -r "\$cg/\$f" ] && echo "\$f: \$(cat "\$cg/\$f")"; done
+exec $JOB_PY - <<'PY'
+import os
+for dev in ("/dev/nvidia0", "/dev/nvidiactl"):
+    try:
+        os.close(os.open(dev, os.O_RDWR))
+        print("OPENED", dev)
+    except OSError as e:
+        print("REFUSED", dev, e.strerror)
+PY
+EOF
+chown "$TUID:$TGID" "$THOME/fence.sh"
+echo "\$ mt-job submit --json fence.sh    # as $TNAME"
+fsub=$(T=40 as_tenant "$BIN/mt-job" submit --json fence.sh 2>&1); echo "$fsub"
+FID=$(echo "$fsub" | json 'print(d["job_id"])' 2>/dev/null)
+fstate=""
+if [ -n "$FID" ]; then
+  for _ in $(seq 1 60); do
+    fstate=$(T=20 as_tenant "$BIN/mt-job" show "$FID" --json 2>/dev/null | json 'print(d["state"])' 2>/dev/null)
+    case "$fstate" in completed|failed|cancelled|lost) break;; esac
+    sleep 1
+  done
+  T=20 as_tenant "$BIN/mt-job" show "$FID" --json 2>/dev/null | json 'print("state:", d["state"], "| enforced:", d.get("enforced"))'
+  flog=$(T=30 as_tenant "$BIN/mt-job" logs "$FID" 2>&1); echo "$flog"
+  if [ "$SIM" = 1 ] && [ ! -e /dev/nvidia0 ]; then
+    record fence SKIP "no /dev/nvidia0 on this machine (dry run): only the mechanics ran (state ${fstate:-?})"
+  elif [ "$fstate" = completed ] && echo "$flog" | grep -q "REFUSED /dev/nvidia0" \
+       && echo "$flog" | grep -q "^memory.max: 2147483648"; then
+    record fence PASS "/dev/nvidia0 refused to a job without GPUs; memory.max 2 GiB in its cgroup"
+  else
+    record fence FAIL "state ${fstate:-?}; wanted /dev/nvidia0 REFUSED and memory.max 2147483648 in the log"
+  fi
+else
+  record fence FAIL "submit failed"
+fi
 
 exit 0   # the EXIT trap cleans up, prints the summary and sets the status
