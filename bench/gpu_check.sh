@@ -581,7 +581,7 @@ if [ -n "$FID" ]; then
   flog=$(T=30 as_tenant "$BIN/mt-job" logs "$FID" 2>&1); echo "$flog"
   if [ "$SIM" = 1 ] && [ ! -e /dev/nvidia0 ]; then
     record fence SKIP "no /dev/nvidia0 on this machine (dry run): only the mechanics ran (state ${fstate:-?})"
-  elif [ "$fstate" = completed ] && echo "$flog" | grep -q "REFUSED /dev/nvidia0" \
+  elif [ "$fstate" = completed ] && echo "$flog" | grep -q "REFUSED /dev/nvidia0 Operation not permitted" \
        && echo "$flog" | grep -q "^memory.max: 2147483648"; then
     record fence PASS "/dev/nvidia0 refused to a job without GPUs; memory.max 2 GiB in its cgroup"
   else
