@@ -170,7 +170,7 @@ cleanup() {
       # it) were moved into <group>-neighbours (agent/runners/cgroups.py) and outlive the node
       local kept="" d
       for d in $cgs; do
-        case "$d" in *-neighbours) [ -s "$d/cgroup.procs" ] && kept="$kept $d" && cgs=$(echo "$cgs" | grep -vx "$d");; esac
+        case "$d" in *-neighbours) [ -n "$(cat "$d/cgroup.procs" 2>/dev/null)" ] && kept="$kept $d" && cgs=$(echo "$cgs" | grep -vx "$d");; esac
       done
       [ -n "$kept" ] && echo "kept (its processes, this check's own shells, still live):$kept"
       if [ -n "$cgs" ]; then ok=0; why="${why}cgroup folders left: $(echo $cgs | cut -c1-200); "; fi
