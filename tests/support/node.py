@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from mtgpu.agent.procs import alive
 from mtgpu.client.local import ClientError, LocalClient
 
 PYTHON = sys.executable
@@ -49,22 +50,12 @@ def _ephemeral_start() -> int:
 PORTS_TAKEN_DIR = Path(tempfile.gettempdir()) / "mtgpu-test-ports"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _taken(port: int) -> bool:
     try:
         pid = int((PORTS_TAKEN_DIR / str(port)).read_text() or "0")
     except (FileNotFoundError, ValueError):
         return False
-    return pid != 0 and _pid_alive(pid)
+    return alive(pid)
 
 
 def free_port(count: int = 1) -> int:
