@@ -105,19 +105,15 @@ class ElectionHastener:
 
     @staticmethod
     def _still_lost(sync, node, term: int) -> bool:
-        """Read from the probe's thread (plain attribute reads; pysyncobj's thread may change
-        them meanwhile, and _hasten checks again on that thread before acting)."""
-        try:
-            return (sync.raftCurrentTerm == term and sync._getLeader() == node
-                    and node not in sync._SyncObj__connectedNodes)
-        except Exception:  # noqa: BLE001 - a set changing size under the read: ask again next time
-            return True
+        """The same term, the same leader, and still not connected again. Read from the
+        probe's thread too (plain reads; pysyncobj's thread may change them meanwhile, and
+        _hasten asks again on that thread before acting)."""
+        return (sync.raftCurrentTerm == term and sync._getLeader() == node
+                and node not in sync._SyncObj__connectedNodes)
 
     def _hasten(self, current, sync, node, term: int) -> None:
         """On pysyncobj's thread: bring this voter's election forward, if nothing changed since."""
-        if current is not sync or sync.raftCurrentTerm != term or sync._getLeader() != node:
-            return
-        if node in sync._SyncObj__connectedNodes:  # it came back in the meantime
+        if current is not sync or not self._still_lost(sync, node, term):
             return
         voters = [n.address for n in sync.otherNodes] + [sync.selfNode.address]
         delay = election_delay(sync.selfNode.address, voters, node.address)
