@@ -90,14 +90,20 @@ class Scheduler:
         self.value = self.frag.value(f.left, f.gmodel, f.cpus_free, f.mem_usable.astype(np.float64))
         self._value_of: dict[int, float] = {}  # V of node states (Fleet.state_id) seen after a placement
         self._scores: dict[RankRequest, _Scores] = {}
+        # per spec object (by id; the entry keeps it alive): what _place_fast needs of it
+        self._fast: dict[int, tuple] = {}
 
     def _refresh(self, row: int, alloc: NodeAllocation | None = None, after: float = math.nan) -> None:
         """Copy a node's new state into the arrays, with its V (`after`: as scored, when known)."""
-        f = self.fleet
-        f.refresh(row, gpus=None if alloc is None else [s.index for s in alloc.gpus])
+        self.fleet.refresh(row, gpus=None if alloc is None else [s.index for s in alloc.gpus])
+        self._set_value(row, after)
+
+    def _set_value(self, row: int, after: float) -> None:
+        """V of a node whose arrays were just refreshed: `after` as scored, when known (not NaN)."""
         if after == after:  # not NaN
             self.value[row] = after
             return
+        f = self.fleet
         sid = f.row_key(row)
         v = self._value_of.get(sid)
         if v is None:
@@ -329,11 +335,11 @@ class Scheduler:
         `|`-alternatives are equals: a one-node job goes where any of them packs best
         (the earlier alternative on a tie); a gang takes the first alternative all of
         whose ranks fit."""
-        reqs = self.requests(spec)
-        if holds is None and len(reqs) == 1 and spec.nodes == 1:
-            placed = self._place_fast(spec, reqs[0], job_id)
+        if holds is None:
+            placed = self._place_fast(spec, job_id)
             if placed is not _UNKNOWN:
                 return placed
+        reqs = self.requests(spec)
         if len(reqs) > 1 and spec.nodes == 1:
             ranked = []
             for i, req in enumerate(reqs):
@@ -349,37 +355,78 @@ class Scheduler:
                 return allocs
         return None
 
-    def _place_fast(self, spec: JobSpec, req: RankRequest, job_id: int):
+    def _place_fast(self, spec: JobSpec, job_id: int):
         """`place` for most jobs (one rank, no holds, no pins, a compiled kind of request whose
         scores exist): the scores brought up to date and the node picked in one compiled call
-        (fragjit.score_and_pick: the same choice _place_ranks makes); _UNKNOWN where it does
-        not apply, and the general path decides."""
-        k = self.frag.jit_form
-        s = self._scores.get(req)
-        if k is None or s is None or self.pinned(spec) is not None:
-            return _UNKNOWN
-        kind = self._jit_kind(req)
+        (fragjit.score_and_pick: the same choice _place_ranks makes), and the allocation
+        taken; _UNKNOWN where it does not apply, and the general path decides."""
+        e = self._fast.get(id(spec))
+        if e is None or e[0] is not spec:
+            e = self._fast_entry(spec)
+            if e is None:
+                return _UNKNOWN
+        _, req, kind, s, args = e
         if kind < 0:
             return _UNKNOWN
         f = self.fleet
         to = len(f.log)
-        row = k.score_and_pick(
-            kind, f.log_rows, s.pos, to, f.stamp, req.gpu_count, float(req.fraction), float(req.cpus),
-            int(req.mem_bytes), f.schedulable, f.cpus_free, f.mem_usable, f.match_slots(req.vendor, req.model), f.idle,
-            f.open, f.shared_free, f.vram_total, f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after,
-            float(SCORE_STEP), NEG, *self.frag.jit_args, f.left_sum, int(job_id), _HASH, TIE_EPS)
+        row = self.frag.jit_form.score_and_pick(kind, f.log_rows, s.pos, to, *args, int(job_id), _HASH, TIE_EPS)
         s.pos = to
         if row == -1:
             return None  # it fits nowhere (as _place_ranks finds)
         if row < 0:
             return _UNKNOWN
-        alloc = self._alloc_on(row, req, int(s.gpu[row]))
+        alloc = self._take_fast(row, req, kind, int(s.gpu[row]), float(s.after[row]))
         if alloc is None:  # the arrays and the node disagree: as _place_ranks, that node no more
             s.score[row] = NEG
             return self._place_ranks(spec, req, job_id, None)
-        self.fleet.states[row].take(alloc)
-        self._refresh(row, alloc, float(s.after[row]))
         return (alloc,)
+
+    def _fast_entry(self, spec: JobSpec) -> tuple | None:
+        """_place_fast's entry for a spec: (spec, its request, fragjit kind or -1 where the
+        fast path does not apply, the request's _Scores, score_and_pick's arguments that do not
+        change); None (and nothing kept) while the request has no scores yet."""
+        reqs = self.requests(spec)
+        entry: tuple = (spec, None, -1, None, None)
+        k = self.frag.jit_form
+        if k is not None and len(reqs) == 1 and spec.nodes == 1 and self.pinned(spec) is None \
+                and self._jit_kind(reqs[0]) >= 0:
+            req = reqs[0]
+            s = self._scores.get(req)
+            if s is None:
+                return None
+            f = self.fleet
+            args = (f.stamp, req.gpu_count, float(req.fraction), float(req.cpus), int(req.mem_bytes), f.schedulable,
+                    f.cpus_free, f.mem_usable, f.match_slots(req.vendor, req.model), f.idle, f.open, f.shared_free,
+                    f.vram_total, f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after, float(SCORE_STEP),
+                    NEG, *self.frag.jit_args, f.left_sum)
+            entry = (spec, req, self._jit_kind(req), s, args)
+        self._fast[id(spec)] = entry
+        return entry
+
+    def _take_fast(self, row: int, req: RankRequest, kind: int, gpu_slot: int, after: float) -> NodeAllocation | None:
+        """_alloc_on, NodeState.take and _refresh for a compiled kind of request: only the
+        changed GPU (kind 1) or none (kind 0) copied back; None where the node refuses."""
+        f = self.fleet
+        st = f.states.at(row)
+        if kind == 1 and gpu_slot >= 0:
+            g = st.gpus[gpu_slot]
+            if not (st.schedulable and st.host_fits(req) and g.matches(req) and g.admits(req)):
+                return None
+            alloc = NodeAllocation(st.name, (g.slot(req),), req.cpus, req.mem_bytes, g.vendor)
+            st.take(alloc)
+            f.refresh_slot(row, gpu_slot)
+        else:
+            alloc = st.fit(req)
+            if alloc is None:
+                return None
+            st.take(alloc)
+            if not alloc.gpus:
+                f.refresh_host(row)
+            else:
+                f.refresh(row, gpus=[s.index for s in alloc.gpus])
+        self._set_value(row, after)
+        return alloc
 
     def fits_now(self, spec: JobSpec) -> bool:
         """Would it fit now if nothing were held?"""

@@ -50,6 +50,13 @@ class NodeStates:
             st = self._made[i] = NodeState(self._views[i])
         return st
 
+    def at(self, i: int) -> NodeState:
+        """self[i] for an int (no slice test)."""
+        st = self._made[i]
+        if st is None:
+            st = self._made[i] = NodeState(self._views[i])
+        return st
+
     def __iter__(self) -> Iterator[NodeState]:
         return (self[i] for i in range(len(self._views)))
 
@@ -171,14 +178,32 @@ class Fleet:
         else:
             slots = [(j, x) for j, x in enumerate(s.gpus) if x.index in gpus]
         for j, x in slots:
-            idle = x.idle
-            self.idle[i, j] = idle
-            self.open[i, j] = not x.exclusive
-            self.left[i, j] = 0.0 if x.exclusive else max(0.0, 1.0 - x.frac)
-            self.shared_free[i, j] = x.shared_free
-            self.meas_free[i, j] = x.measured_free
-            self.load[i, j] = x.util / 100.0 + (x.used / x.total if x.total else 0.0) + 0.01 * x.over
+            self._copy_gpu(i, j, x)
         self.left_sum[i] = row_sum(self.left[i].tolist())
+        self._copy_host(i, s, log)
+
+    def refresh_slot(self, i: int, j: int) -> None:
+        """refresh(i, gpus=[that GPU's index]) for the GPU in slot j, with fewer steps (a
+        placement's commit: engine.Scheduler._place_fast)."""
+        s = self.states.at(i)
+        self._copy_gpu(i, j, s.gpus[j])
+        self.left_sum[i] = row_sum(self.left[i].tolist())
+        self._copy_host(i, s, True)
+
+    def refresh_host(self, i: int) -> None:
+        """refresh(i, gpus=[]): a placement that took no GPU (the GPU arrays and left_sum, the
+        same sum of the same values, stay)."""
+        self._copy_host(i, self.states.at(i), True)
+
+    def _copy_gpu(self, i: int, j: int, x) -> None:
+        self.idle[i, j] = x.idle
+        self.open[i, j] = not x.exclusive
+        self.left[i, j] = 0.0 if x.exclusive else max(0.0, 1.0 - x.frac)
+        self.shared_free[i, j] = x.shared_free
+        self.meas_free[i, j] = x.measured_free
+        self.load[i, j] = x.util / 100.0 + (x.used / x.total if x.total else 0.0) + 0.01 * x.over
+
+    def _copy_host(self, i: int, s: NodeState, log: bool) -> None:
         self.cpus_free[i] = s.cpus_free
         self.mem_usable[i] = s.mem_usable
         self.schedulable[i] = s.schedulable

@@ -267,3 +267,9 @@ def test_the_one_call_placement_picks_the_node_the_general_path_picks(monkeypatc
         assert a == b, (i, spec, a, b)
         placed_any += a is not None
     assert placed_any > 200 and len(calls) > 300  # it placed, and mostly by the fast path
+    # and its commit (only the changed GPU copied back, or none for a CPU-only job) left the
+    # arrays and V as the general path's full refresh did
+    for name in ("idle", "open", "left", "left_sum", "shared_free", "meas_free", "load", "cpus_free", "mem_usable",
+                 "schedulable"):
+        assert np.array_equal(getattr(fast.fleet, name), getattr(general.fleet, name)), name
+    assert np.array_equal(fast.value, general.value)
