@@ -32,7 +32,7 @@ def pow_table(softness):
     return t
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, need, w):
     """w[k] for each group k with need[k]: the popularity of its kinds that a node with
     `cpu_e` CPUs (plus EPS), `mem` memory and `free` GPU share can host
@@ -64,7 +64,7 @@ def _row_weights(cpu_e, mem, free, g_need, s_start, s_cpu, s_mem, s_p, s_ap, sof
         w[k] = acc
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _group_shares(lrow, grow, a_ord, g_d, eps, u, c):
     """Per group k: u[k] the share left on the node's GPUs that can take one of its jobs, c[k]
     how many such GPUs; returns the node's share left in all."""
@@ -84,7 +84,7 @@ def _group_shares(lrow, grow, a_ord, g_d, eps, u, c):
     return free
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _value_row(lrow, grow, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps,
                u, c, w, need):
     """V of one node state: lrow (G,) shares left, grow (G,) models (u, c, w, need: scratch)."""
@@ -100,7 +100,7 @@ def _value_row(lrow, grow, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, 
     return v
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _one_gpu_row(lrow, grow, shrow, crow, cpu, mem, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap,
                  softness, powtab, eps, u, c, w, need, un, scored, out):
     """out[j]: V of one node after taking shrow[j] from its GPU j, for each candidate j
@@ -178,19 +178,24 @@ def value_one_gpu(left, gmodel, share, cand, cpu, mem, allowed, a_ord, g_d, g_n,
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _step(gain, step):
     if step <= 0:
         return gain
     return np.floor(gain / step + 1e-6)
 
 
-@njit(cache=True, nogil=True)
-def _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_free, mem_usable, match, idle, open_,
-               shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg, allowed, a_ord, g_d,
-               g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps, u, c, w, need, un, scored, one, shares,
-               cand, a):
-    """One node's score, GPU and V after for score_rows (the rest: scratch)."""
+@njit(cache=True, nogil=True, inline="always")
+def _score_row(kind, r, ask, fleet, out, model, scratch):
+    """One node's score, GPU and V after for score_rows. Its inputs come in tuples (the
+    request, the fleet's arrays, the outputs, the model, scratch) and it is inlined: a call
+    of more than 30 arguments is a star call in Python's bytecode, which numba can neither
+    inline nor make cheaply (it cost about 0.3 us a row, more than a row's fit test)."""
+    count, fraction, req_cpus, req_mem = ask
+    schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now = fleet
+    score, gpu, after, step, neg = out
+    allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps = model
+    u, c, w, need, un, scored, one, shares, cand, a = scratch
     g_count = left.shape[1]
     gpu[r] = -1
     after[r] = np.nan
@@ -251,7 +256,7 @@ def _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_fr
         score[r] = _step(v - old + taken_sum, step)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _state_hash(r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free):
     """A hash of what _score_row reads of node r (_same_state tells for sure), its low bits
     mixed from all of them (the inputs' own low bits are mostly 0: bytes in GiB, halves)."""
@@ -271,7 +276,7 @@ def _state_hash(r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_
     return np.int64(h & np.uint64(0x7FFFFFFFFFFFFFFF))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _same_state(q, r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free, vram_total):
     """Are nodes q and r in one state: equal in all _score_row reads (match and uniform follow
     from gmodel), but V now, which is V of that state (to rounding: computed after another
@@ -329,6 +334,12 @@ def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, r
     shares = np.full(g_count, fraction)
     cand = np.empty(g_count, np.bool_)
     a = np.empty(g_count)
+    ask = (count, fraction, req_cpus, req_mem)
+    fleet = (schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform,
+             value_now)
+    out = (score, gpu, after, step, neg)
+    model = (allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps)
+    scratch = (u, c, w, need, un, scored, one, shares, cand, a)
     size = 4
     while size < 2 * todo.shape[0]:
         size *= 2
@@ -349,10 +360,7 @@ def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, r
             slot = (slot + 1) & mask
         if done:
             continue
-        _score_row(kind, r, count, fraction, req_cpus, req_mem, schedulable, cpus_free, mem_usable, match, idle,
-                   open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu, after, step, neg,
-                   allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps, u, c,
-                   w, need, un, scored, one, shares, cand, a)
+        _score_row(kind, r, ask, fleet, out, model, scratch)
         table[slot] = r
 
 
