@@ -186,26 +186,17 @@ def _step(gain, step):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _score_row(kind, r, ask, fleet, out, model, scratch):
-    """One node's score, GPU and V after for score_rows. Its inputs come in tuples (the
-    request, the fleet's arrays, the outputs, the model, scratch) and it is inlined: a call
-    of more than 30 arguments is a star call in Python's bytecode, which numba can neither
-    inline nor make cheaply (it cost about 0.3 us a row, more than a row's fit test)."""
+def _fits(kind, r, ask, fleet, eps, cand):
+    """Does one rank of the request fit on node r now? cand[g]: may it use GPU g (kinds 1, 2)."""
     count, fraction, req_cpus, req_mem = ask
     schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now = fleet
-    score, gpu, after, step, neg = out
-    allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps = model
-    u, c, w, need, un, scored, one, shares, cand, a = scratch
-    g_count = left.shape[1]
-    gpu[r] = -1
-    after[r] = np.nan
     fits = schedulable[r]
     if req_cpus > 0 and not cpus_free[r] + eps >= req_cpus:
         fits = False
     if req_mem > 0 and not mem_usable[r] >= req_mem:
         fits = False
     n_ok = 0
-    for g in range(g_count):
+    for g in range(left.shape[1]):
         ok = False
         if kind == 1:
             ok = (match[r, g] and open_[r, g] and shared_free[r, g] >= np.int64(fraction * vram_total[r, g])
@@ -217,9 +208,24 @@ def _score_row(kind, r, ask, fleet, out, model, scratch):
             n_ok += 1
     if kind != 0 and n_ok < count:
         fits = False
-    if not fits:
-        score[r] = neg
-        return
+    return fits
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _score_row(kind, r, ask, fleet, out, model, scratch):
+    """One fitting node's score, GPU and V after for score_rows (`_fits` true, its cand[] in
+    scratch). The inputs come in tuples (the request, the fleet's arrays, the outputs, the
+    model, scratch) and it is inlined: a call of more than 30 arguments is a star call in
+    Python's bytecode, which numba can neither inline nor make cheaply (it cost about 0.3 us
+    a row, more than a row's fit test)."""
+    count, fraction, req_cpus, req_mem = ask
+    schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now = fleet
+    score, gpu, after, step, neg = out
+    allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps = model
+    u, c, w, need, un, scored, one, shares, cand, a = scratch
+    g_count = left.shape[1]
+    gpu[r] = -1
+    after[r] = np.nan
     cpu = cpus_free[r] - req_cpus
     mem = np.float64(mem_usable[r]) - req_mem
     old = value_now[r]
@@ -304,8 +310,22 @@ def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, r
     (engine.Scheduler.scores: within a pass a node only loses capacity).
     Nodes in the same state (all the empty ones of a model, at first) are scored once:
     the others copy the first one's results (_same_state: exactly equal inputs)."""
+    _rescore(kind, rows, log_from, log_to, stamp, (count, fraction, req_cpus, req_mem),
+             (schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform,
+              value_now), (score, gpu, after, step, neg),
+             (allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps))
+
+
+@njit(cache=True, nogil=True)
+def _rescore(kind, rows, log_from, log_to, stamp, ask, fleet, out, model):
+    """score_rows with its inputs in tuples (as _score_row; score_and_pick calls it too: one
+    call per placement, compiled once). A row that does not fit is not hashed: only fitting
+    rows are looked up among the states."""
+    schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now = fleet
     n = left.shape[0]
     g_count = left.shape[1]
+    score, gpu, after, step, neg = out
+    allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps = model
     k_n = g_d.shape[0]
     # the rows to score
     if log_from >= log_to:
@@ -327,6 +347,7 @@ def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, r
                 todo[m] = r
                 m += 1
         todo = todo[:m]
+    fraction = ask[1]
     u, c, w, need = np.empty(k_n), np.empty(k_n, np.int64), np.empty(k_n), np.empty(k_n, np.bool_)
     un = np.empty((g_count, k_n))
     scored = np.empty(g_count, np.bool_)
@@ -334,11 +355,6 @@ def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, r
     shares = np.full(g_count, fraction)
     cand = np.empty(g_count, np.bool_)
     a = np.empty(g_count)
-    ask = (count, fraction, req_cpus, req_mem)
-    fleet = (schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform,
-             value_now)
-    out = (score, gpu, after, step, neg)
-    model = (allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps)
     scratch = (u, c, w, need, un, scored, one, shares, cand, a)
     size = 4
     while size < 2 * todo.shape[0]:
@@ -346,6 +362,11 @@ def score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, r
     table = np.full(size, -1, np.int64)  # open addressing: a scored row of each state seen
     mask = np.int64(size - 1)
     for r in todo:
+        if not _fits(kind, r, ask, fleet, eps, cand):
+            score[r] = neg
+            gpu[r] = -1
+            after[r] = np.nan
+            continue
         slot = _state_hash(r, schedulable, cpus_free, mem_usable, left, gmodel, idle, open_, shared_free) & mask
         done = False
         while table[slot] >= 0:
@@ -398,10 +419,10 @@ def score_and_pick(kind, rows, log_from, log_to, stamp, count, fraction, req_cpu
     least GPU share left), and among them the (job_id x tie_hash mod n)-th. -1: it fits
     nowhere; -2: a score is NaN (the caller takes the general path, which says so)."""
     if log_from < log_to:
-        score_rows(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, req_mem, schedulable, cpus_free,
-                   mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now, score,
-                   gpu, after, step, neg, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness,
-                   powtab, eps)
+        _rescore(kind, rows, log_from, log_to, stamp, (count, fraction, req_cpus, req_mem),
+                 (schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel,
+                  uniform, value_now), (score, gpu, after, step, neg),
+                 (allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps))
     best = -np.inf
     for x in score:
         if x != x:
