@@ -90,7 +90,7 @@ class Scheduler:
         self.value = self.frag.value(f.left, f.gmodel, f.cpus_free, f.mem_usable.astype(np.float64))
         self._value_of: dict[int, float] = {}  # V of node states (Fleet.state_id) seen after a placement
         self._scores: dict[RankRequest, _Scores] = {}
-        # per spec object (by id; the entry keeps it alive): what _place_fast needs of it
+        # per spec_key: what _place_fast needs of that spec
         self._fast: dict[int, tuple] = {}
 
     def _refresh(self, row: int, alloc: NodeAllocation | None = None, after: float = math.nan) -> None:
@@ -360,12 +360,14 @@ class Scheduler:
         scores exist): the scores brought up to date and the node picked in one compiled call
         (fragjit.score_and_pick: the same choice _place_ranks makes), and the allocation
         taken; _UNKNOWN where it does not apply, and the general path decides."""
-        e = self._fast.get(id(spec))
-        if e is None or e[0] is not spec:
-            e = self._fast_entry(spec)
-            if e is None:
+        e = self._spec_by_id.get(id(spec))
+        key = e[1] if e is not None and e[0] is spec else self._spec(spec)[1]
+        fast = self._fast.get(key)
+        if fast is None:
+            fast = self._fast_entry(spec, key)
+            if fast is None:
                 return _UNKNOWN
-        _, req, kind, s, args = e
+        req, kind, s, args = fast
         if kind < 0:
             return _UNKNOWN
         f = self.fleet
@@ -382,12 +384,13 @@ class Scheduler:
             return self._place_ranks(spec, req, job_id, None)
         return (alloc,)
 
-    def _fast_entry(self, spec: JobSpec) -> tuple | None:
-        """_place_fast's entry for a spec: (spec, its request, fragjit kind or -1 where the
-        fast path does not apply, the request's _Scores, score_and_pick's arguments that do not
-        change); None (and nothing kept) while the request has no scores yet."""
+    def _fast_entry(self, spec: JobSpec, key: int) -> tuple | None:
+        """_place_fast's entry for a spec (kept by its spec_key): (its request, fragjit kind or
+        -1 where the fast path does not apply, the request's _Scores, score_and_pick's
+        arguments that do not change); None (and nothing kept) while the request has no
+        scores yet."""
         reqs = self.requests(spec)
-        entry: tuple = (spec, None, -1, None, None)
+        entry: tuple = (None, -1, None, None)
         k = self.frag.jit_form
         if k is not None and len(reqs) == 1 and spec.nodes == 1 and self.pinned(spec) is None \
                 and self._jit_kind(reqs[0]) >= 0:
@@ -400,8 +403,8 @@ class Scheduler:
                     f.cpus_free, f.mem_usable, f.match_slots(req.vendor, req.model), f.idle, f.open, f.shared_free,
                     f.vram_total, f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after, float(SCORE_STEP),
                     NEG, *self.frag.jit_args, f.left_sum)
-            entry = (spec, req, self._jit_kind(req), s, args)
-        self._fast[id(spec)] = entry
+            entry = (req, self._jit_kind(req), s, args)
+        self._fast[key] = entry
         return entry
 
     def _take_fast(self, row: int, req: RankRequest, kind: int, gpu_slot: int, after: float) -> NodeAllocation | None:
