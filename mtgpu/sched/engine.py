@@ -54,6 +54,7 @@ class _Scores:
 
 
 _UNKNOWN = object()
+_NO_ROWS = np.zeros(0, dtype=bool)  # fragjit.score_and_pick's "no node refused / to check"
 
 
 class Scheduler:
@@ -335,10 +336,9 @@ class Scheduler:
         `|`-alternatives are equals: a one-node job goes where any of them packs best
         (the earlier alternative on a tie); a gang takes the first alternative all of
         whose ranks fit."""
-        if holds is None:
-            placed = self._place_fast(spec, job_id)
-            if placed is not _UNKNOWN:
-                return placed
+        placed = self._place_fast(spec, job_id, holds)
+        if placed is not _UNKNOWN:
+            return placed
         reqs = self.requests(spec)
         if len(reqs) > 1 and spec.nodes == 1:
             ranked = []
@@ -355,11 +355,13 @@ class Scheduler:
                 return allocs
         return None
 
-    def _place_fast(self, spec: JobSpec, job_id: int):
-        """`place` for most jobs (one rank, no holds, no pins, a compiled kind of request whose
-        scores exist): the scores brought up to date and the node picked in one compiled call
-        (fragjit.score_and_pick: the same choice _place_ranks makes), and the allocation
-        taken; _UNKNOWN where it does not apply, and the general path decides."""
+    def _place_fast(self, spec: JobSpec, job_id: int, holds: JobHolds | None):
+        """`place` for most jobs (one rank, no pins, a compiled kind of request whose scores
+        exist): the scores brought up to date and the node picked in one compiled call
+        (fragjit.score_and_pick: the same choice _place_ranks makes, the nodes the holds
+        refuse left out), and the allocation taken; _UNKNOWN where it does not apply (or a
+        best node is one where only the allocation tells the holds' verdict), and the
+        general path decides."""
         e = self._spec_by_id.get(id(spec))
         key = e[1] if e is not None and e[0] is spec else self._spec(spec)[1]
         fast = self._fast.get(key)
@@ -370,9 +372,17 @@ class Scheduler:
         req, kind, s, args = fast
         if kind < 0:
             return _UNKNOWN
+        refused = checks = _NO_ROWS
+        if holds is not None:
+            mask, check = holds.refusal(req)
+            if mask is not None:
+                refused = mask
+            if check is not None:
+                checks = check
         f = self.fleet
         to = len(f.log)
-        row = self.frag.jit_form.score_and_pick(kind, f.log_rows, s.pos, to, *args, int(job_id), _HASH, TIE_EPS)
+        row = self.frag.jit_form.score_and_pick(kind, f.log_rows, s.pos, to, *args, int(job_id), _HASH, TIE_EPS,
+                                                refused, checks)
         s.pos = to
         if row == -1:
             return None  # it fits nowhere (as _place_ranks finds)
@@ -381,7 +391,7 @@ class Scheduler:
         alloc = self._take_fast(row, req, kind, int(s.gpu[row]), float(s.after[row]))
         if alloc is None:  # the arrays and the node disagree: as _place_ranks, that node no more
             s.score[row] = NEG
-            return self._place_ranks(spec, req, job_id, None)
+            return self._place_ranks(spec, req, job_id, holds)
         return (alloc,)
 
     def _fast_entry(self, spec: JobSpec, key: int) -> tuple | None:

@@ -412,19 +412,26 @@ def top(cand, tie_eps):
 def score_and_pick(kind, rows, log_from, log_to, stamp, count, fraction, req_cpus, req_mem, schedulable, cpus_free,
                    mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel, uniform, value_now, score, gpu,
                    after, step, neg, allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness,
-                   powtab, eps, left_sum, job_id, tie_hash, tie_eps):
+                   powtab, eps, left_sum, job_id, tie_hash, tie_eps, refused, checks):
     """score_rows over the log since log_from, then the node engine._place_ranks picks for a
-    one-rank job with no holds and no pins (engine.Scheduler._place_fast), in one call: the
-    best score, the nodes within tie_eps of it (a CPU-only job: of those, the ones with the
-    least GPU share left), and among them the (job_id x tie_hash mod n)-th. -1: it fits
-    nowhere; -2: a score is NaN (the caller takes the general path, which says so)."""
+    one-rank job with no pins (engine.Scheduler._place_fast), in one call: the best score,
+    the nodes within tie_eps of it (a CPU-only job: of those, the ones with the least GPU
+    share left), and among them the (job_id x tie_hash mod n)-th. The holds that bind the
+    job, where it has any (holds.JobHolds.refusal): `refused` nodes count as not fitting,
+    and where a node among the best is one of `checks` (only the allocation there tells)
+    the caller decides. An empty array: none such. -1: it fits nowhere; -2: a score is
+    NaN (the caller takes the general path, which says so); -3: a best node is to check."""
     if log_from < log_to:
         _rescore(kind, rows, log_from, log_to, stamp, (count, fraction, req_cpus, req_mem),
                  (schedulable, cpus_free, mem_usable, match, idle, open_, shared_free, vram_total, left, gmodel,
                   uniform, value_now), (score, gpu, after, step, neg),
                  (allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps))
+    masked = refused.shape[0] > 0
     best = -np.inf
-    for x in score:
+    for i in range(score.shape[0]):
+        if masked and refused[i]:
+            continue
+        x = score[i]
         if x != x:
             return -2
         if x > best:
@@ -432,10 +439,13 @@ def score_and_pick(kind, rows, log_from, log_to, stamp, count, fraction, req_cpu
     if best == neg:
         return -1
     low = best - tie_eps
+    to_check = checks.shape[0] > 0
     n = 0
     least = np.inf
     for i in range(score.shape[0]):
-        if score[i] >= low:
+        if score[i] >= low and not (masked and refused[i]):
+            if to_check and checks[i]:
+                return -3
             n += 1
             if left_sum[i] < least:
                 least = left_sum[i]
@@ -443,11 +453,11 @@ def score_and_pick(kind, rows, log_from, log_to, stamp, count, fraction, req_cpu
     if by_left:
         n = 0
         for i in range(score.shape[0]):
-            if score[i] >= low and left_sum[i] <= least + tie_eps:
+            if score[i] >= low and not (masked and refused[i]) and left_sum[i] <= least + tie_eps:
                 n += 1
     pick = ((job_id % n) * (tie_hash % n)) % n if n > 1 else 0
     for i in range(score.shape[0]):
-        if score[i] >= low and (not by_left or left_sum[i] <= least + tie_eps):
+        if score[i] >= low and not (masked and refused[i]) and (not by_left or left_sum[i] <= least + tie_eps):
             if pick == 0:
                 return i
             pick -= 1

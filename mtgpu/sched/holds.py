@@ -278,6 +278,15 @@ class JobHolds:
     def refuse(self, req: RankRequest, score: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """`score` with the nodes the holds refuse to one rank of `req` set to -inf, and the
         nodes where only the allocation there can tell (`allows`; None: no such node)."""
+        refused, checks = self.refusal(req)
+        if refused is not None:
+            score = np.where(refused, NEG, score)
+        return score, checks
+
+    def refusal(self, req: RankRequest) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per node: do the holds refuse one rank of `req` there (None: nowhere; the array may
+        be a cache's, not to be changed), and the nodes where only the allocation there can
+        tell (`allows`; None: no such node)."""
         h = self.holds
         checks = None
         if req.gpu_count:
@@ -286,18 +295,15 @@ class JobHolds:
             if self.check_rows is not None:  # what it takes of GPUs there depends on its allocation
                 checks = self.check_rows if checks is None else checks | self.check_rows
         # Unknown starts: B's cpus= and mem= stay free now; no GPU of B's kinds is taken.
-        bad = h.unknown_refused(req)
-        if bad is not None:
-            score = np.where(bad, NEG, score)
+        refused = h.unknown_refused(req)
         # Reserved starts: CPUs and memory are counts, so they are judged here; GPUs by `allows`.
         if self.by_row and (req.cpus > 0 or req.mem_bytes > 0):
             rows, cpus, mem = self._reserved_room()
             out = rows[(req.cpus > cpus + EPS) | (req.mem_bytes > mem)]
             if len(out):
-                if bad is None:
-                    score = score.copy()
-                score[out] = NEG
-        return score, checks
+                refused = np.zeros(self.holds.fleet.n, dtype=bool) if refused is None else refused.copy()
+                refused[out] = True
+        return refused, checks
 
     def allows(self, row: int, alloc: NodeAllocation | None) -> bool:
         """May this job take `alloc` on `row` (one of `refuse`'s rows to check)?"""

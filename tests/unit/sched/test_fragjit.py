@@ -273,3 +273,99 @@ def test_the_one_call_placement_picks_the_node_the_general_path_picks(monkeypatc
                  "schedulable"):
         assert np.array_equal(getattr(fast.fleet, name), getattr(general.fleet, name)), name
     assert np.array_equal(fast.value, general.value)
+
+
+def test_under_holds_the_one_call_placement_decides_what_the_general_path_decides(monkeypatch):
+    """A whole pass (engine.run) whose blocked jobs hold capacity for later: jobs the holds
+    bind are placed by the one-call path too (the nodes the holds refuse left out, a best
+    node to check handed to the general path), and the plan is the general path's, every
+    placement, pending reason and rejection."""
+    from mtgpu.sched import engine
+    from mtgpu.sched.engine import Scheduler
+
+    monkeypatch.setattr(frag, "JIT_MIN_NODES", 0)
+    rng = random.Random(2805)
+    nodes = []
+    for i in range(30):
+        model, vram = rng.choice(MODELS[:3])
+        nodes.append(make_node(f"n{i}", [make_gpu(j, model, vram) for j in range(rng.choice([1, 2, 4, 8]))],
+                               cpus=rng.choice([16, 64]), mem=rng.choice(["128G", "512G"])))
+    snap = ClusterSnapshot(nodes=nodes)
+    queue = []
+    for job_id in range(1, 501):
+        common = dict(cpus=float(rng.choice([1, 2, 8])), mem_bytes=rng.choice([1, 8, 32]) * G,
+                      time_limit_s=rng.choice([None, 3600.0, 86400.0]), priority=rng.choice([0, 0, 5]))
+        x = rng.random()
+        if x < 0.3:
+            spec = JobSpec(gpus=(GpuAlternative(1.0, rng.choice([None, "a100", "t4"]), None),), **common)
+        elif x < 0.45:  # big ones: blocked once the fleet fills, and then held for
+            spec = JobSpec(gpus=(GpuAlternative(float(rng.choice([4, 8])), None, None),), **common)
+        elif x < 0.7:
+            spec = JobSpec(gpus=(GpuAlternative(rng.choice([0.25, 0.5]), None, None),), gpu_mode=GpuMode.SHARED,
+                           **common)
+        else:
+            spec = JobSpec(**common)
+        queue.append(PendingJob(job_id, f"t{rng.randrange(20)}", spec, submitted_at=rng.uniform(0, 1000)))
+
+    real = Scheduler._place_fast
+    calls = {"fast": 0, "held": 0}
+    general_only = [False]
+
+    def counted(self, spec, job_id, holds):
+        if general_only[0]:
+            return engine._UNKNOWN
+        placed = real(self, spec, job_id, holds)
+        if placed is not engine._UNKNOWN:
+            calls["fast"] += 1
+            calls["held"] += holds is not None
+        return placed
+    monkeypatch.setattr(Scheduler, "_place_fast", counted)
+
+    fast = Scheduler(snap).run(queue, now=2000.0)
+    general_only[0] = True
+    general = Scheduler(snap).run(queue, now=2000.0)
+    assert fast.placements == general.placements
+    assert fast.pending == general.pending and fast.rejected == general.rejected
+    assert len(fast.placements) > 100 and len(fast.pending) > 50
+    assert calls["held"] > 50  # jobs bound by holds went the one-call way
+
+
+def test_a_best_node_whose_verdict_only_its_allocation_tells_goes_to_the_general_path(monkeypatch):
+    """Two alike nodes; a blocked two-GPU job holds node n0 from t=100 (a reservation). A
+    one-GPU job running past then ties on both nodes, and its job id picks n0: the one-call
+    path must not place it there (taking a GPU of n0 would delay the reservation) but hand
+    it to the general path, which asks the holds and places it on n1."""
+    from mtgpu.sched import engine
+    from mtgpu.sched.engine import Scheduler
+    from mtgpu.sched.holds import Holds, Reservation
+
+    monkeypatch.setattr(frag, "JIT_MIN_NODES", 0)
+    snap = ClusterSnapshot(nodes=[make_node(f"n{i}", [make_gpu(j, "a100", "80G") for j in range(2)], cpus=16,
+                                            mem="128G") for i in range(2)])
+    one = JobSpec(gpus=(GpuAlternative(1.0, None, None),), cpus=1, mem_bytes=G, time_limit_s=3600.0)
+    two = JobSpec(gpus=(GpuAlternative(2.0, None, None),), cpus=1, mem_bytes=G)
+    results = []
+    real = Scheduler._place_fast
+    for general_only in (False, True):
+        sched = Scheduler(snap)
+        (req_one,), (req_two,) = sched.requests(one), sched.requests(two)
+        sched.scores(req_one)  # its scores exist: the one-call path applies
+        holds = Holds(sched.fleet)
+        holds.reserve(99, Reservation(100.0, req_two, {0: sched.fleet.states[0].copy()}), [req_two])
+        binding = holds.for_job(3600.0)
+        fast_answers = []
+
+        def spy(self, spec, job_id, h, general_only=general_only):
+            placed = engine._UNKNOWN if general_only else real(self, spec, job_id, h)
+            fast_answers.append(placed)
+            return placed
+        monkeypatch.setattr(Scheduler, "_place_fast", spy)
+        placed = sched.place(one, 2, binding)  # an even id: the first of two tied nodes, n0
+        results.append([(a.node, [g.index for g in a.gpus]) for a in placed])
+        assert fast_answers == [engine._UNKNOWN]  # neither placed it by the one-call path
+    assert results[0] == results[1] == [("n1", [0])]
+    # and with no holds, the same job id does pick n0 in one call
+    monkeypatch.setattr(Scheduler, "_place_fast", real)
+    sched = Scheduler(snap)
+    sched.scores(sched.requests(one)[0])
+    assert [a.node for a in sched.place(one, 2, None)] == ["n0"]
