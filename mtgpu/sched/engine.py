@@ -443,8 +443,13 @@ class Scheduler:
 
     def fits_now(self, spec: JobSpec) -> bool:
         """Would it fit now if nothing were held?"""
+        k = self.frag.jit_form
         for req in self.requests(spec):
-            if int(self._candidates(spec, req, None)[0].__gt__(NEG).sum()) >= spec.nodes:
+            if k is not None:  # the same count, compiled, stopping at spec.nodes
+                pin = self.pinned(spec)
+                if k.fits_on(self.scores(req).score, NEG, spec.nodes, _NO_ROWS if pin is None else pin):
+                    return True
+            elif int(self._candidates(spec, req, None)[0].__gt__(NEG).sum()) >= spec.nodes:
                 return True
         return False
 

@@ -464,6 +464,20 @@ def score_and_pick(kind, rows, log_from, log_to, stamp, count, fraction, req_cpu
     return -2
 
 
+@njit(cache=True, nogil=True)
+def fits_on(score, neg, enough, allowed):
+    """Do at least `enough` nodes have a score above `neg` (where `allowed`, when not empty)?
+    (engine.Scheduler.fits_now: it stops at the enough-th.)"""
+    pinned = allowed.shape[0] > 0
+    n = 0
+    for i in range(score.shape[0]):
+        if score[i] > neg and not (pinned and not allowed[i]):
+            n += 1
+            if n >= enough:
+                return True
+    return False
+
+
 def warm() -> None:
     """Compile (or load) every form a pass uses, with the types it passes: a tiny fleet of
     frag.JIT_MIN_NODES nodes places a job of each kind. scripts/install.sh runs it, so a
@@ -489,6 +503,7 @@ def warm() -> None:
                      gpu_mode=GpuMode.SHARED)]
     for job_id, spec in enumerate(specs * 2, 1):
         sched.place(spec, job_id)
+        sched.fits_now(spec)
 
 
 if __name__ == "__main__":

@@ -369,3 +369,19 @@ def test_a_best_node_whose_verdict_only_its_allocation_tells_goes_to_the_general
     sched = Scheduler(snap)
     sched.scores(sched.requests(one)[0])
     assert [a.node for a in sched.place(one, 2, None)] == ["n0"]
+
+
+def test_fits_on_counts_as_numpy_does():
+    """fragjit.fits_on (engine.fits_now's count, stopping early) against numpy's count of
+    scores above -inf, with and without pins, NaN and -inf among the scores."""
+    jit = frag.jit()
+    rng = np.random.default_rng(2806)
+    none = np.zeros(0, dtype=bool)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        score = rng.choice([-np.inf, np.nan, -2.0, 0.0, 3.0], size=n, p=[0.6, 0.05, 0.15, 0.1, 0.1])
+        pin = rng.random(n) < 0.5
+        for enough in (1, 2, 4):
+            assert jit.fits_on(score, -np.inf, enough, none) == (int((score > -np.inf).sum()) >= enough)
+            assert jit.fits_on(score, -np.inf, enough, pin) == \
+                (int((np.where(pin, score, -np.inf) > -np.inf).sum()) >= enough)
