@@ -427,41 +427,46 @@ def score_and_pick(kind, rows, log_from, log_to, stamp, count, fraction, req_cpu
                   uniform, value_now), (score, gpu, after, step, neg),
                  (allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps))
     masked = refused.shape[0] > 0
+    n = score.shape[0]
     best = -np.inf
-    for i in range(score.shape[0]):
-        if masked and refused[i]:
-            continue
-        x = score[i]
-        if x != x:
-            return -2
-        if x > best:
-            best = x
+    for i in range(n):  # (NaN is never > best: it is looked for below)
+        if score[i] > best and not (masked and refused[i]):
+            best = score[i]
     if best == neg:
+        for i in range(n):
+            if score[i] != score[i] and not (masked and refused[i]):
+                return -2
         return -1
+    # the ties, in row order; a NaN anywhere: -2, as numpy's max would make it
     low = best - tie_eps
     to_check = checks.shape[0] > 0
-    n = 0
-    least = np.inf
-    for i in range(score.shape[0]):
-        if score[i] >= low and not (masked and refused[i]):
+    ties = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        x = score[i]
+        if x >= low:
+            if masked and refused[i]:
+                continue
             if to_check and checks[i]:
                 return -3
-            n += 1
-            if left_sum[i] < least:
-                least = left_sum[i]
-    by_left = n > 1 and kind == 0
-    if by_left:
-        n = 0
-        for i in range(score.shape[0]):
-            if score[i] >= low and not (masked and refused[i]) and left_sum[i] <= least + tie_eps:
-                n += 1
-    pick = ((job_id % n) * (tie_hash % n)) % n if n > 1 else 0
-    for i in range(score.shape[0]):
-        if score[i] >= low and not (masked and refused[i]) and (not by_left or left_sum[i] <= least + tie_eps):
-            if pick == 0:
-                return i
-            pick -= 1
-    return -2
+            ties[m] = i
+            m += 1
+        elif x != x and not (masked and refused[i]):
+            return -2
+    if m > 1 and kind == 0:  # a CPU-only job: of those, the ones with the least GPU share left
+        least = np.inf
+        for j in range(m):
+            if left_sum[ties[j]] < least:
+                least = left_sum[ties[j]]
+        k = 0
+        for j in range(m):
+            if left_sum[ties[j]] <= least + tie_eps:
+                ties[k] = ties[j]
+                k += 1
+        m = k
+    if m == 1:
+        return ties[0]
+    return ties[((job_id % m) * (tie_hash % m)) % m]
 
 
 @njit(cache=True, nogil=True)

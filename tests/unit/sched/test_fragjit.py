@@ -385,3 +385,47 @@ def test_fits_on_counts_as_numpy_does():
             assert jit.fits_on(score, -np.inf, enough, none) == (int((score > -np.inf).sum()) >= enough)
             assert jit.fits_on(score, -np.inf, enough, pin) == \
                 (int((np.where(pin, score, -np.inf) > -np.inf).sum()) >= enough)
+
+
+def test_score_and_pick_picks_as_the_general_path_on_any_scores(monkeypatch):
+    """score_and_pick's pick (no rows to rescore) on random scores: -inf, NaN, ties, refused
+    nodes and nodes to check, against the rule written out here as _place_ranks and _top
+    apply it: -1 fits nowhere; a NaN among the nodes not refused or a best node to check:
+    the general path (-2, -3); else the ties' (job id x hash mod n)-th, a CPU-only job's
+    ties first narrowed to the least GPU share left."""
+    from mtgpu.sched.engine import _HASH, TIE_EPS, Scheduler
+
+    monkeypatch.setattr(frag, "JIT_MIN_NODES", 0)
+    snap = ClusterSnapshot(nodes=[make_node(f"n{i}", [make_gpu(0, "a100", "80G")], cpus=8, mem="64G")
+                                  for i in range(12)])
+    rng = np.random.default_rng(2807)
+    for kind_spec in (JobSpec(cpus=1, mem_bytes=G), JobSpec(gpus=(GpuAlternative(1.0, None, None),), cpus=1)):
+        sched = Scheduler(snap)
+        req = sched.requests(kind_spec)[0]
+        sched.scores(req)
+        _, kind, s, args = sched._fast_entry(kind_spec, sched.spec_key(kind_spec))
+        left_sum = sched.fleet.left_sum
+        for trial in range(400):
+            s.score[:] = rng.choice([-np.inf, np.nan, -3.0, -1.0, 0.0], size=12, p=[0.4, 0.03, 0.2, 0.2, 0.17])
+            left_sum[:] = rng.choice([0.0, 0.5, 1.0], size=12)
+            refused = rng.random(12) < 0.3 if trial % 2 else np.zeros(0, dtype=bool)
+            checks = rng.random(12) < 0.1 if trial % 3 == 0 else np.zeros(0, dtype=bool)
+            job_id = int(rng.integers(1, 1 << 40))
+            got = frag.jit().score_and_pick(kind, sched.fleet.log_rows, 0, 0, *args, job_id, _HASH, TIE_EPS,
+                                            refused, checks)
+            ok = [i for i in range(12) if not (len(refused) and refused[i])]
+            vals = s.score[ok]
+            if np.isnan(vals).any():  # the general path says what (-3 where a node to check came first)
+                assert got in (-2, -3)
+                continue
+            if len(ok) == 0 or vals.max() == -np.inf:
+                assert got == -1
+                continue
+            ties = [i for i in ok if s.score[i] >= vals.max() - TIE_EPS]
+            if len(checks) and any(checks[i] for i in ties):
+                assert got == -3
+                continue
+            if len(ties) > 1 and kind == 0:
+                least = min(left_sum[i] for i in ties)
+                ties = [i for i in ties if left_sum[i] <= least + TIE_EPS]
+            assert got == ties[(job_id * _HASH) % len(ties)], (trial, got, ties)
