@@ -59,6 +59,7 @@ class AgentLoop:
         self._unsent: dict[int, _Unsent] = {}
         self._refused: set[tuple[int, int]] = set()  # (job, attempt) whose end report was refused
         self._preempting: dict[tuple[int, int], float] = {}  # (job, attempt) preempted -> when SIGTERM went
+        self._lease_waits: set[tuple[int, int]] = set()  # (job, attempt) not started yet: the lease had lapsed
         self._next_log_sweep = 0.0
         self._jobs_known = 0
         self._node_vendors: set[str] = set()
@@ -106,6 +107,8 @@ class AgentLoop:
             if me is not None and me.down:
                 in_sync = False  # its jobs are being requeued: wait until the scheduler hears it again
             placed = [p for job in machine.running_jobs() if (p := self._placed(job)) is not None]
+            if self._lease_waits:  # forget the waits of jobs no longer placed here
+                self._lease_waits &= {(p.job_id, p.attempt) for p in placed}
             late_wanted = set()
             for job_id, run in runs.items():
                 job = machine.jobs.get(job_id)
@@ -134,12 +137,10 @@ class AgentLoop:
         """A job whose supervisor died runs on with nobody to fence it (shim.py): once this
         member's lease has lapsed, this server kills it, as its shim would have, so that it
         never runs beside a copy the cluster requeued elsewhere."""
+        age = self._lease_lapsed()
+        if age is None:
+            return []
         lease = self.lease
-        if lease is None or lease.at is None:
-            return []
-        age = time.monotonic() - lease.at
-        if age <= lease.timeout_s:
-            return []
         fenced = self.agent.fence_unsupervised(
             f"fenced: this node's agent lost contact with the cluster for more than {lease.timeout_s:g}s; the job, "
             "whose supervisor (shim) had died, was stopped by the server so it cannot run twice")
@@ -147,6 +148,15 @@ class AgentLoop:
             log.warning("job %d: its supervisor is gone and this member's lease lapsed %.1fs ago: stopped", job_id,
                         age - lease.timeout_s)
         return fenced
+
+    def _lease_lapsed(self) -> float | None:
+        """How old this member's lease is, where it has lapsed (older than its timeout); None
+        while it holds, and on a standalone node (no lease)."""
+        lease = self.lease
+        if lease is None or lease.at is None:
+            return None
+        age = time.monotonic() - lease.at
+        return age if age > lease.timeout_s else None
 
     def _placed(self, job: Job) -> PlacedRank | None:
         rank = self._my_rank(job)
@@ -243,6 +253,20 @@ class AgentLoop:
         return True
 
     def _start(self, job: Job, rank: int) -> None:
+        age = self._lease_lapsed()
+        if age is not None:
+            # Its shim would fence it at its first look (shim._wait_for) and the job be requeued
+            # for nothing: a member whose first report the scheduler has not taken yet (a job
+            # placed on it the moment a cluster forms), or one cut off. It starts once a taken
+            # report renews the lease; a member that stays cut off is marked down and the job
+            # placed elsewhere.
+            if (job.id, job.attempt) not in self._lease_waits:
+                self._lease_waits.add((job.id, job.attempt))
+                log.info("job %d (attempt %d): not started yet: this member's lease lapsed %.1fs ago (no report of "
+                         "it taken by the scheduler since); it starts once one is", job.id, job.attempt,
+                         age - self.lease.timeout_s)
+            return
+        self._lease_waits.discard((job.id, job.attempt))
         if job.spec.container is not None and not self._image_ready(job, rank):
             return
         master = None
