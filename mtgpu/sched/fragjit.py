@@ -428,31 +428,42 @@ def score_and_pick(kind, rows, log_from, log_to, stamp, count, fraction, req_cpu
                  (allowed, a_ord, g_d, g_n, g_need, s_start, s_cpu, s_mem, s_p, s_ap, softness, powtab, eps))
     masked = refused.shape[0] > 0
     n = score.shape[0]
-    best = -np.inf
-    for i in range(n):  # (NaN is never > best: it is looked for below)
-        if score[i] > best and not (masked and refused[i]):
-            best = score[i]
-    if best == neg:
-        for i in range(n):
-            if score[i] != score[i] and not (masked and refused[i]):
-                return -2
-        return -1
-    # the ties, in row order; a NaN anywhere: -2, as numpy's max would make it
-    low = best - tie_eps
-    to_check = checks.shape[0] > 0
+    # One pass: the best so far and its ties (within tie_eps) in row order; a better score
+    # drops the ties it leaves behind. A NaN anywhere (not refused): -2, as numpy's max would
+    # make it; a row at `neg` never fits.
     ties = np.empty(n, np.int64)
     m = 0
+    best = neg
+    low = neg
     for i in range(n):
         x = score[i]
-        if x >= low:
-            if masked and refused[i]:
-                continue
-            if to_check and checks[i]:
-                return -3
-            ties[m] = i
-            m += 1
-        elif x != x and not (masked and refused[i]):
+        if x < low or x == neg:  # (NaN is neither: it is looked at below)
+            continue
+        if masked and refused[i]:
+            continue
+        if x != x:
             return -2
+        if x > best:
+            new_low = x - tie_eps
+            if new_low > best:
+                m = 0
+            else:
+                k = 0
+                for j in range(m):
+                    if score[ties[j]] >= new_low:
+                        ties[k] = ties[j]
+                        k += 1
+                m = k
+            best = x
+            low = new_low
+        ties[m] = i
+        m += 1
+    if m == 0:
+        return -1
+    if checks.shape[0] > 0:
+        for j in range(m):
+            if checks[ties[j]]:
+                return -3
     if m > 1 and kind == 0:  # a CPU-only job: of those, the ones with the least GPU share left
         least = np.inf
         for j in range(m):

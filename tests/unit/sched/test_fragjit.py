@@ -406,7 +406,9 @@ def test_score_and_pick_picks_as_the_general_path_on_any_scores(monkeypatch):
         _, kind, s, args = sched._fast_entry(kind_spec, sched.spec_key(kind_spec))
         left_sum = sched.fleet.left_sum
         for trial in range(400):
-            s.score[:] = rng.choice([-np.inf, np.nan, -3.0, -1.0, 0.0], size=12, p=[0.4, 0.03, 0.2, 0.2, 0.17])
+            # (0.4e-9 and 1.2e-9: within TIE_EPS of 0.0 or of each other, so a better score keeps some ties)
+            s.score[:] = rng.choice([-np.inf, np.nan, -3.0, -1.0, 0.0, 0.4e-9, 1.2e-9], size=12,
+                                    p=[0.4, 0.03, 0.2, 0.15, 0.1, 0.06, 0.06])
             left_sum[:] = rng.choice([0.0, 0.5, 1.0], size=12)
             refused = rng.random(12) < 0.3 if trial % 2 else np.zeros(0, dtype=bool)
             checks = rng.random(12) < 0.1 if trial % 3 == 0 else np.zeros(0, dtype=bool)
