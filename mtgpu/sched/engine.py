@@ -147,12 +147,16 @@ class Scheduler:
 
     def _score_jit(self, kind: int, req: RankRequest, s: _Scores, rows: np.ndarray, log_from: int = 0,
                    log_to: int = 0) -> None:
+        self.frag.jit_form.score_rows(kind, rows, log_from, log_to, *self._jit_inputs(req, s))
+
+    def _jit_inputs(self, req: RankRequest, s: _Scores) -> tuple:
+        """fragjit.score_rows' arguments after (kind, rows, log_from, log_to): the request, the
+        fleet's arrays, its scores and the model (score_and_pick takes them too, then more)."""
         f = self.fleet
-        self.frag.jit_form.score_rows(
-            kind, rows, log_from, log_to, f.stamp, req.gpu_count, float(req.fraction), float(req.cpus),
-            int(req.mem_bytes), f.schedulable, f.cpus_free, f.mem_usable, f.match_slots(req.vendor, req.model), f.idle,
-            f.open, f.shared_free, f.vram_total, f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after,
-            float(SCORE_STEP), NEG, *self.frag.jit_args)
+        return (f.stamp, req.gpu_count, float(req.fraction), float(req.cpus), int(req.mem_bytes), f.schedulable,
+                f.cpus_free, f.mem_usable, f.match_slots(req.vendor, req.model), f.idle, f.open, f.shared_free,
+                f.vram_total, f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after, float(SCORE_STEP),
+                NEG, *self.frag.jit_args)
 
     def _compute(self, req: RankRequest, s: _Scores, rows: np.ndarray) -> None:
         if len(rows) > DEDUPE_ROWS and self._jit_kind(req) < 0:  # (compiled: score_rows dedupes)
@@ -362,8 +366,7 @@ class Scheduler:
         refuse left out), and the allocation taken; _UNKNOWN where it does not apply (or a
         best node is one where only the allocation tells the holds' verdict), and the
         general path decides."""
-        e = self._spec_by_id.get(id(spec))
-        key = e[1] if e is not None and e[0] is spec else self._spec(spec)[1]
+        key = self._spec(spec)[1]
         fast = self._fast.get(key)
         if fast is None:
             fast = self._fast_entry(spec, key)
@@ -401,19 +404,13 @@ class Scheduler:
         scores yet."""
         reqs = self.requests(spec)
         entry: tuple = (None, -1, None, None)
-        k = self.frag.jit_form
-        if k is not None and len(reqs) == 1 and spec.nodes == 1 and self.pinned(spec) is None \
-                and self._jit_kind(reqs[0]) >= 0:
+        kind = self._jit_kind(reqs[0]) if len(reqs) == 1 else -1
+        if kind >= 0 and spec.nodes == 1 and self.pinned(spec) is None:
             req = reqs[0]
             s = self._scores.get(req)
             if s is None:
                 return None
-            f = self.fleet
-            args = (f.stamp, req.gpu_count, float(req.fraction), float(req.cpus), int(req.mem_bytes), f.schedulable,
-                    f.cpus_free, f.mem_usable, f.match_slots(req.vendor, req.model), f.idle, f.open, f.shared_free,
-                    f.vram_total, f.left, f.gmodel, f.uniform, self.value, s.score, s.gpu, s.after, float(SCORE_STEP),
-                    NEG, *self.frag.jit_args, f.left_sum)
-            entry = (req, self._jit_kind(req), s, args)
+            entry = (req, kind, s, (*self._jit_inputs(req, s), self.fleet.left_sum))
         self._fast[key] = entry
         return entry
 

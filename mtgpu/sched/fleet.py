@@ -44,14 +44,11 @@ class NodeStates:
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self._views)))]
-        st = self._made[i]
-        if st is None:
-            st = self._made[i] = NodeState(self._views[i])
-        return st
+            return [self.at(k) for k in range(*i.indices(len(self._views)))]
+        return self.at(i)
 
     def at(self, i: int) -> NodeState:
-        """self[i] for an int (no slice test)."""
+        """self[i] for an int (no slice test: the placement's commit calls it)."""
         st = self._made[i]
         if st is None:
             st = self._made[i] = NodeState(self._views[i])
