@@ -241,13 +241,13 @@ def main(argv: list[str] | None = None) -> int:
         a130.append(y)
         times.extend(t)
         setups.append(s)
-        line = f"seed {seed}: alloc@100% {100 * x:.2f}%  alloc@130% {100 * y:.2f}%  {len(t) / sum(t):.0f} placements/s"
+        line = f"seed {seed}: alloc@100% {100 * x:.2f}%  @130% {100 * y:.2f}%  {len(t) / sum(t):.0f} placements/s"
         if seed in naive_seeds:  # right after the engine's, so both see the same machine load
             ny, nt = naive_replay(nodes, tasks, seed)
             n_times.extend(nt)
             e_times.extend(t)
             n_a130.append(ny)
-            line += f"  (naive best-fit: {100 * ny:.2f}% at 130%, {len(nt) / sum(nt):.0f} placements/s)"
+            line += f"\n  naive best-fit: {100 * ny:.2f}% at 130%, {len(nt) / sum(nt):.0f} placements/s"
         if not args.json:
             print(line, file=sys.stderr)
     if dump is not None:
@@ -277,13 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.pods.name} on {out['nodes']} nodes / {out['gpus']} GPUs, {out['seeds']} seeds")
         print(f"  allocated at 100% requested: {out['alloc_100']:.2f}%   at 130%: {out['alloc_130']:.2f}%")
         print(f"  {out['placements_per_s']:.0f} placements/s; one placement p50 {out['p50_ms']:.3f} ms, "
-              f"p99 {out['p99_ms']:.3f} ms (scheduler setup {out['setup_s']:.2f} s per seed, not counted)")
+              f"p99 {out['p99_ms']:.3f} ms")
+        print(f"  scheduler setup {out['setup_s']:.2f} s per seed (not counted)")
         if jit_load_s is not None:
-            print(f"  the compiled scoring loaded once, before the timed placements, in {jit_load_s:.2f} s (not counted)")
+            print(f"  compiled scoring loaded before the timed placements: {jit_load_s:.2f} s (not counted)")
         if n_times:
             print(f"  naive best-fit (same tasks, {out['naive_seeds']} seeds): {out['naive_placements_per_s']:.0f}"
-                  f" placements/s, {out['naive_alloc_130']:.2f}% at 130%; the engine is {out['vs_naive']:.2f}x"
-                  f" as fast on those seeds")
+                  f" placements/s, {out['naive_alloc_130']:.2f}% at 130%")
+            print(f"  the engine is {out['vs_naive']:.2f}x as fast on those seeds")
     return 0
 
 
